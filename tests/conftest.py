@@ -1,0 +1,31 @@
+"""Shared test setup: an offline GPT-2 tokenizer and the repository root on sys.path.
+
+tiktoken downloads the GPT-2 vocabulary on first use and caches it under
+TIKTOKEN_CACHE_DIR, keyed by the sha1 of the download URL. We seed such a cache from the
+byte-identical copies in tests/assets/gpt2, so no test ever needs the network; tiktoken still
+checks their sha256 against the hashes it expects.
+"""
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = Path(__file__).resolve().parent / "assets"
+sys.path.insert(0, str(ROOT))
+
+GPT2_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+
+
+def _seed_tiktoken_cache() -> None:
+    cache = ROOT / ".pytest_cache" / "tiktoken"
+    cache.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.bpe", "encoder.json"):
+        target = cache / hashlib.sha1((GPT2_URL + name).encode()).hexdigest()
+        if not target.exists():
+            shutil.copyfile(ASSETS / "gpt2" / name, target)
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)  # inherited by subprocesses too
+
+
+_seed_tiktoken_cache()
