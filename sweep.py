@@ -82,6 +82,7 @@ METRICS = (("logit_mean", "logit mean  l̄"), ("logit_std", "logit std  σ_l"),
            ("mu_norm", "‖μ‖"), ("logit_absmax", "max |l|"))  # Fig. 3, in the paper's order
 HEAD_COLORS = {"baseline": "tab:gray", "soft_cap": "tab:orange", "z_loss": "tab:red",
                "mu_loss": "tab:blue", "mu_center": "tab:green"}
+SOLID, DASHED = dict(ls="-", marker="o", ms=4), dict(ls="--", marker="x", ms=4, alpha=0.6)  # ours, paper's
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 
 
@@ -636,31 +637,32 @@ def cmd_table(args):
 # plot: Fig. 2/8 (loss vs η per size, LRS vs size), Fig. 3 (logit statistics vs η), Fig. 4 (λ)
 
 def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
-    """Top row: min(L(η), L₀) vs η, one panel per size; bottom: LRS vs size. Dashed = paper."""
+    """Top row: min(L(η), L₀) vs η, one panel per size; below: LRS vs size. Dashed = paper."""
     sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
-    fig, axes = plt.subplots(2, len(sizes), figsize=(3.2 * len(sizes) + 1, 6.4), squeeze=False)
-    for source, style in ((cells, dict(ls="-", marker="o")), (ref_cells, dict(ls="--", marker="x", alpha=0.6))):
+    fig = plt.figure(figsize=(3.2 * max(len(sizes), 2) + 1, 6.4))
+    grid = fig.add_gridspec(2, max(len(sizes), 2))
+    loss_axes = [fig.add_subplot(grid[0, i]) for i in range(len(sizes))]
+    lrs_ax = fig.add_subplot(grid[1, :2])
+    for source, style in ((cells, SOLID), (ref_cells, DASHED)):
         suffix = " (paper)" if source is ref_cells else ""
         for c in source:
-            ax = axes[0][sizes.index(c.size)]
-            ax.plot(c.lrs, c.losses, color=color_of(c), label=label_of(c) + suffix, ms=4, **style)
+            loss_axes[sizes.index(c.size)].plot(c.lrs, c.losses, color=color_of(c),
+                                                label=label_of(c) + suffix, **style)
         for variant in sorted({c.variant for c in source}, key=variant_order):
             line = sorted((c for c in source if c.variant == variant), key=lambda c: size_order(c.size))
-            axes[1][0].plot([sizes.index(c.size) for c in line], [c.lrs_value for c in line],
-                            color=color_of(line[0]), label=label_of(line[0]) + suffix, ms=4, **style)
-    for ax, size in zip(axes[0], sizes):
+            lrs_ax.plot([sizes.index(c.size) for c in line], [c.lrs_value for c in line],
+                        color=color_of(line[0]), label=label_of(line[0]) + suffix, **style)
+    for ax, size in zip(loss_axes, sizes):
         best = min(c.optimal_loss for c in cells + ref_cells if c.size == size)
         ax.set(xscale="log", title=size, xlabel="learning rate η", ylim=(best - 0.05, best + 1.0))
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("loss min(L, L₀)")
-    axes[0][0].legend(fontsize=7)
-    lrs_ax = axes[1][0]
+    loss_axes[0].set_ylabel("loss min(L, L₀)")
+    loss_axes[0].legend(fontsize=7)
+    positive = all(c.lrs_value > 0 for c in cells + ref_cells)  # log axis only where it can show all
     lrs_ax.set(xticks=range(len(sizes)), xticklabels=sizes, xlabel="model size N", ylabel="LRS",
-               yscale="log")
+               yscale="log" if positive else "linear")
     lrs_ax.grid(alpha=0.3)
-    lrs_ax.legend(fontsize=7)
-    for ax in axes[1][1:]:
-        ax.axis("off")
+    lrs_ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -670,17 +672,20 @@ def _plot_metrics(plt, cells, ref_cells, title):
     """Fig. 3: logit mean, logit std, ‖μ‖ and max |l| vs η; rows = metrics, columns = sizes."""
     sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
     fig, axes = plt.subplots(len(METRICS), len(sizes), figsize=(3.2 * len(sizes) + 1, 10), squeeze=False)
-    for source, style in ((cells, dict(ls="-", marker="o")), (ref_cells, dict(ls="--", marker="x", alpha=0.6))):
+    for source, style in ((cells, SOLID), (ref_cells, DASHED)):
         suffix = " (paper)" if source is ref_cells else ""
         for c in source:
             for i, (metric, _) in enumerate(METRICS):
-                axes[i][sizes.index(c.size)].plot(c.lrs, [row[metric] for row in c.rows], ms=4,
+                axes[i][sizes.index(c.size)].plot(c.lrs, [row[metric] for row in c.rows],
                                                   color=HEAD_COLORS.get(c.head, "k"),
                                                   label=variant_label(c.variant) + suffix, **style)
     for i, (metric, label) in enumerate(METRICS):
         for j, size in enumerate(sizes):
             ax = axes[i][j]
+            # symlog: the baseline's values grow by orders of magnitude while μ-centering's ‖μ‖ is 0
             ax.set(xscale="log", yscale="linear" if metric == "logit_std" else "symlog")
+            if metric in ("mu_norm", "logit_absmax"):
+                ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.set_title(size)
@@ -729,8 +734,7 @@ def make_figures(cells, ref_cells, out):
             ours_lam = [c for c in cells if c.tie == tie and c.head == head]
             ref_lam = [c for c in ref_cells if c.tie == tie and c.head == head]
             lams = sorted({c.lam for c in ours_lam + ref_lam})
-            colors = plt.get_cmap("viridis")(range(0, 256, 256 // max(len(lams), 1)))
-            lam_color = lambda c: colors[lams.index(c.lam)]
+            lam_color = lambda c: plt.get_cmap("viridis")(0.9 * lams.index(c.lam) / max(len(lams) - 1, 1))
             fig = _plot_loss_and_lrs(plt, ours_lam, ref_lam, lam_color, lambda c: f"λ={c.lam:g}",
                                      f"{head}: λ sensitivity ({tying})")
             written += _save(fig, out, f"fig4_lambda_{head}_{tying}")
