@@ -1,0 +1,252 @@
+"""The decoder of the paper's App. A, built as the paper's code builds it, and its size presets.
+
+    token ids ─► wte (V×D) ─► L × Block ─► final LayerNorm ─► h ─► head(h, W) ─► logits / loss
+    Block:  x ← x + Attention(LN(x)),   x ← x + SwiGLU(LN(x))            (pre-LayerNorm)
+    Attention: causal, per-head qk-LayerNorm, RoPE on half of each head's dimensions.
+
+No linear layer or LayerNorm has a bias. The output embedding W (V×D) is a separate matrix by
+default and the input embedding itself with `tie=True` (one tensor). Logits and loss are the
+LM head's business (heads.py): the model hands it the final hidden state h and W, so every head
+variant sees the same decoder, and `output_weight` lets train.py call `head.after_step(W)`.
+
+Init (Table 4 of the paper): linear weights Xavier normal, std = √(2 / (fan_in + fan_out)), not
+truncated; input embedding N(0, 1/√D). Where the paper's code (github.com/flxst/
+output-embedding-centering, nanoGPT/model.py) differs from its table, we follow the code so
+that results are comparable:
+  • the attention output projection is re-initialised with N(0, 0.02/√(2L)) (nanoGPT's
+    "c_proj" rule; the SwiGLU down-projection keeps Xavier because it is not called c_proj);
+  • RoPE rotates only the first half of each head's dimensions (the other half is position-free);
+  • with tying, the output embedding's Xavier init runs last and overwrites N(0, 1/√D), so the
+    shared matrix starts with std √(2 / (V + D)).
+
+Example:
+    import heads, model
+    gpt = model.GPT(model.config_for("16M", tie=True), heads.build("mu_center"))
+    loss, stats = gpt(idx, targets)        # idx, targets: (B, T) long, targets -1 = ignore
+"""
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import heads
+
+# Layers × width, heads, SwiGLU hidden size. The five paper sizes (after Porian et al. 2024)
+# carry the paper code's SwiGLU rule ffn = 256·⌈(2/3·4D)/256⌉; their labels count every parameter
+# but the input embedding at V = 50304. tiny and small are CPU presets (ffn ≈ 8/3·D rounded up
+# to a multiple of 64); tiny trains at thousands of tokens/s on two CPU cores.
+SIZES = {
+    "tiny":  dict(n_layer=2, n_embd=64, n_head=4, ffn_hidden=192),
+    "small": dict(n_layer=4, n_embd=128, n_head=4, ffn_hidden=384),
+    "16M":   dict(n_layer=6, n_embd=224, n_head=4, ffn_hidden=768),
+    "29M":   dict(n_layer=9, n_embd=320, n_head=4, ffn_hidden=1024),
+    "57M":   dict(n_layer=12, n_embd=480, n_head=4, ffn_hidden=1280),
+    "109M":  dict(n_layer=15, n_embd=640, n_head=4, ffn_hidden=1792),
+    "221M":  dict(n_layer=21, n_embd=832, n_head=4, ffn_hidden=2304),
+}
+ROPE_BASE = 10000.0  # θ of RoPE: pair i turns by angle t·θ^(−2i/r) at position t
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    vocab_size: int = 50304  # GPT-2's 50257 tokens padded to a multiple of 64
+    n_layer: int
+    n_embd: int
+    n_head: int
+    ffn_hidden: int
+    block_size: int = 2048   # longest sequence; RoPE tables are computed up to here
+    tie: bool = False        # share the input and output embedding (one tensor)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.n_embd % (4 * self.n_head):
+            raise ValueError(f"n_embd={self.n_embd} must be a multiple of 4·n_head={4 * self.n_head} "
+                             "so that RoPE can turn pairs within half of each head's dimensions.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def config_for(size: str, **overrides) -> GPTConfig:
+    """The GPTConfig of a named size, with any field replaced by a keyword (e.g. tie=True)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}.")
+    valid = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(overrides) - valid)
+    if unknown:
+        raise ValueError(f"unknown GPTConfig field(s) {', '.join(unknown)}; "
+                         f"valid ones are {', '.join(sorted(valid))}.")
+    return GPTConfig(**{**SIZES[size], **overrides})
+
+
+def rope_tables(rot_dim: int, n_pos: int, base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles φ(t, i) = t·base^(−2i/rot_dim), shapes (n_pos, rot_dim/2).
+
+    Computed in float64 and stored as float32: at t ≈ 2000 a float32 angle would already be off
+    by ~1e-4 rad, and the tables are computed only once.
+    """
+    inv_freq = base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
+    angles = torch.outer(torch.arange(n_pos, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first r = 2·cos.size(-1) features of x (…, T, hd); the rest pass unchanged.
+
+    The rotated features form adjacent pairs (x₂ᵢ, x₂ᵢ₊₁), each turned by the angle φ(t, i):
+        x₂ᵢ' = x₂ᵢ·cos φ − x₂ᵢ₊₁·sin φ,    x₂ᵢ₊₁' = x₂ᵢ·sin φ + x₂ᵢ₊₁·cos φ.
+    Rotations compose, R(φ_m)ᵀR(φ_n) = R(φ_n − φ_m), so q'·k' depends on the positions m and n
+    only through n − m. Rotating half of the dimensions (and the adjacent-pair layout) is the
+    convention of the paper's code, which used rotary-embedding-torch with dim = hd/2.
+    """
+    rot_dim = 2 * cos.size(-1)
+    rotated, passed = x[..., :rot_dim], x[..., rot_dim:]
+    even, odd = rotated.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    return torch.cat((turned, passed), dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+        # qk-LayerNorm over each head's dimensions, one weight shared by the heads (Wortsman et al.)
+        self.q_norm = nn.LayerNorm(config.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(config.head_dim, bias=False)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
+        q = apply_rope(self.q_norm(q), cos, sin)  # (B, heads, T, hd)
+        k = apply_rope(self.k_norm(k), cos, sin)
+        # Under autocast LayerNorm returns float32 while v is bf16: attend in v's (the matmul's) dtype.
+        y = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class SwiGLU(nn.Module):
+    """down(SiLU(gate·x) ⊙ (up·x)), hidden size ffn_hidden (Shazeer 2020)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.up = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
+        self.down = nn.Linear(config.ffn_hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.ln_1(x), cos, sin)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig, head: heads.Head):
+        super().__init__()
+        self.config = config
+        self.head = head  # no parameters: logits, loss and after_step live in heads.py
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
+        if not config.tie:
+            self.out_embedding = nn.Parameter(torch.empty(config.vocab_size, config.n_embd))
+        # Not persistent: derived from the config, so they stay out of the state_dict.
+        cos, sin = rope_tables(config.head_dim // 2, config.block_size)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @property
+    def output_weight(self) -> nn.Parameter:
+        """The V×D output embedding W (row i is token i's eᵢ); the input embedding when tied."""
+        return self.wte.weight if self.config.tie else self.out_embedding
+
+    def reset_parameters(self):
+        """The init of the module docstring; the order matters where tying shares a tensor."""
+        L, D = self.config.n_layer, self.config.n_embd
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_normal_(module.weight)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        nn.init.normal_(self.wte.weight, mean=0.0, std=1 / math.sqrt(D))
+        # Paper's code: the LM head's Xavier init comes after the embedding's, so with tying it wins.
+        nn.init.xavier_normal_(self.output_weight)
+        for block in self.blocks:  # paper's code: GPT-2's scaled init for the attention c_proj
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * L))
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final hidden state h (B, T, D), after the final LayerNorm."""
+        self._check_tokens(idx)
+        T = idx.size(1)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """logits (B, T, V) float32 without targets; (loss, stats) from the head with them."""
+        h = self.hidden(idx)
+        if targets is None:
+            return self.head.logits(h, self.output_weight)
+        return self.head(h, self.output_weight, targets)
+
+    def _check_tokens(self, idx: torch.Tensor) -> None:
+        if idx.dim() != 2 or idx.numel() == 0:
+            raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
+                             f"got shape {tuple(idx.shape)}.")
+        T, block_size = idx.size(1), self.config.block_size
+        if T > block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {block_size}; pass at most "
+                             f"{block_size} tokens or build the model with a larger block_size.")
+        # One min/max reduction and one host sync. Skipped while torch.compile traces the model,
+        # where a data-dependent branch would break the graph; there data.py's check_vocab guards.
+        if not torch.compiler.is_compiling():
+            lo, hi = torch.stack(idx.aminmax()).tolist()
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}) but range "
+                                 f"from {lo} to {hi}; check the tokenizer against vocab_size.")
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters counted once each; non_embedding leaves out the input embedding (the size
+        label's convention), except that a tied matrix stays in, counted as the output embedding."""
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
+        if non_embedding and not self.config.tie:
+            n -= self.wte.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Forward + backward FLOPs per token, for MFU:  6·N + 12·L·D·T.
+
+        N counts the weights that enter a matrix product: every linear layer plus the V×D LM head
+        (the input embedding is a lookup, LayerNorm/SiLU/softmax are elementwise and ignored).
+        Each such weight costs 2 FLOPs (multiply + add) per token forward and 4 backward (the
+        gradients for the input and for the weight): 6·N. Attention adds, per layer and token,
+        q·kᵀ over T keys and the weighted sum of T values, 2·T·D FLOPs each forward, times 3 for
+        forward + backward: 12·L·D·T. T = seq_len counts the full square (PaLM App. B), although
+        a causal kernel skips about half of it.
+        """
+        c = self.config
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        n_matmul += self.output_weight.numel()
+        return 6 * n_matmul + 12 * c.n_layer * c.n_embd * seq_len
