@@ -171,18 +171,18 @@ def gpt2_encoding():
                            f"and set TIKTOKEN_CACHE_DIR to that folder") from err
 
 
-def paragraph_pieces(text, max_chars=PIECE_CHARS):
-    """Cut text into pieces of about ≤ max_chars at paragraph breaks, for parallel tokenizing.
+def text_pieces(text, max_chars=PIECE_CHARS):
+    """Cut text into pieces of about ≤ max_chars at line ends, for parallel tokenizing.
 
-    A cut sits just before a "\\n\\n" that follows a non-space character. GPT-2's
-    pre-tokenizer regex has no look-behind and no pattern that carries a letter, digit or
-    punctuation run on into a newline, so a word ends there in the whole text too: the
-    tokens of the pieces, concatenated, equal the tokens of the whole text."""
-    cuts = [m.start() for m in re.finditer(r"(?<=\S)\n\n", text)]
+    A cut sits just before a newline that follows a non-space character. GPT-2's
+    pre-tokenizer regex has no look-behind, and none of its patterns carries a run of
+    letters, digits or punctuation on into whitespace, so a pre-token ends there in the
+    whole text too: the tokens of the pieces, concatenated, equal the tokens of the whole."""
+    cuts = [m.start() for m in re.finditer(r"(?<=\S)\n", text)]
     pieces, start = [], 0
     while len(text) - start > max_chars:
         i = bisect_right(cuts, start + max_chars) - 1
-        if i < 0 or cuts[i] <= start:          # no break in reach: take the next one after
+        if i < 0 or cuts[i] <= start:          # no line end in reach: take the next one after
             i = bisect_right(cuts, start)
             if i == len(cuts):
                 break
@@ -200,7 +200,7 @@ def _encode_piece(text):
 def tokenize_files(files, workers=None):
     """All files as one token stream: each file is one document, [EOT] + its tokens.
 
-    Large files are cut at paragraph breaks (paragraph_pieces) and the pieces tokenized by
+    Large files are cut at line ends (text_pieces) and the pieces tokenized by
     a pool of processes; the result is identical to tokenizing each file whole."""
     gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
     pieces, starts = [], []                # starts[k]: is pieces[k] the first of a document?
@@ -213,7 +213,7 @@ def tokenize_files(files, workers=None):
                              f"convert it to UTF-8 first") from err
         if not text.strip():
             raise ValueError(f"{path} is empty (no text to tokenize); remove it from the list")
-        doc = paragraph_pieces(text)
+        doc = text_pieces(text)
         pieces += doc
         starts += [True] + [False] * (len(doc) - 1)
     workers = min(workers or os.cpu_count() or 1, len(pieces))
