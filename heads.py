@@ -2,7 +2,7 @@
 LLM Pretraining* (Stollenwerk & Stollenwerk). Torch only; copy this file alone into any project.
 
     head = build("mu_center")                  # or baseline, soft_cap, z_loss, mu_loss
-    loss, stats = head(h, weight, targets)     # h (..., D), weight (V, D), targets (...), -1 = ignore
+    loss, stats = head(h, weight, targets)     # h (..., D), weight (V, D), targets (...)
     loss.backward(); optimizer.step()
     head.after_step(weight)                    # μ-centering acts here; the others do nothing
 
@@ -224,8 +224,8 @@ def build(name, **hparams):
     kwargs = {}
     for key, value in hparams.items():
         if key not in DEFAULTS:
-            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are "
-                             f"{', '.join(DEFAULTS)} (cap for soft_cap, lam for z_loss and mu_loss).")
+            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are {', '.join(DEFAULTS)}"
+                             " (cap for soft_cap, lam for z_loss and mu_loss).")
         if value is not None and key not in HPARAMS[name]:
             users = " and ".join(n for n in HEADS if key in HPARAMS[n])
             raise ValueError(f"head {name!r} does not use {key}={value!r}; {key} applies to "
@@ -252,7 +252,8 @@ def b_ratio(weight):
         maxᵢ|eᵢ·μ|  = max(B₋ − ‖μ‖², B₊ + ‖μ‖²),   maxᵢ|e*ᵢ·μ| = max(B₋, B₊),
         B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ|                                         (Eq. 26)
     (with loose bounds Eq. 25 is only "≤" and Eq. 13 is not Eq. 26: E₁ below with the valid
-    but loose B₋ = 1 instead of the tight 1/9 gives 9/8 > 1 instead of 2/3). With h = μ the logits are lᵢ = eᵢ·μ and l*ᵢ = e*ᵢ·μ, so
+    but loose B₋ = 1 instead of the tight 1/9 gives 9/8 > 1 instead of 2/3).
+    With h = μ the logits are lᵢ = eᵢ·μ and l*ᵢ = e*ᵢ·μ, so
         B_ratio ≤ 1  ⇔  max|l*ᵢ| ≤ max|lᵢ|   for h ∥ μ                             (i)
     — true, but a restatement of the definition in the single direction of μ.
 
@@ -267,7 +268,8 @@ def b_ratio(weight):
         e* = (−2/3,0), (1/3,−1), (1/3,1); maxᵢ‖e*ᵢ‖² = 10/9 but max‖e*∥‖² + max‖e*⊥‖² = 4/9 + 1.
       Eq. 33 mixes μ̂ with μ and squared with unsquared terms; its correct form
         maxᵢ(e*ᵢ·μ̂)² − maxᵢ(eᵢ·μ̂)² ≤ 0 follows from Eq. 28, but it bounds the parallel parts
-        only, and without Eq. 32 it says nothing about the norms.
+        only, and without Eq. 32 it says nothing about the norms. As printed it is not even
+        ≤ 0: for E₁, maxᵢ|e*ᵢ·μ̂| − maxᵢ|eᵢ·μ| = 2/3 − 1/3 = 1/3 > 0 although B_ratio = 2/3.
       Eq. 34 is false: E₁ has B_ratio = 2/3 ≤ 1 yet maxᵢ‖e*ᵢ‖ = √10/3 > 1 = maxᵢ‖eᵢ‖
         (row 2 has e₂·μ = 0 < ‖μ‖²/2, so its norm grows).
       Eq. 34 → 35 (Lemma 2) is false: Lemma 2 is an upper bound, and a smaller bound does not
@@ -287,17 +289,19 @@ def b_ratio(weight):
 
     What does hold, for every h and every matrix:
       (ii)  l*ᵢ = lᵢ − l̄ (Lemma 1), so max|l*ᵢ| ≤ max|lᵢ| ⇔ max|lᵢ − l̄| ≤ max|lᵢ|: the
-            criterion is B_ratio of the logit vector of that very h, not of μ;
+            criterion is the ratio of Eq. 26 with eᵢ·μ replaced by this h's logits eᵢ·h;
             and always max|l*ᵢ| ≤ maxᵢ lᵢ − minᵢ lᵢ ≤ 2·max|lᵢ|.
       (iii) (1/V) Σᵢ l*ᵢ² = (1/V) Σᵢ lᵢ² − l̄²  and  (1/V) Σᵢ ‖e*ᵢ‖² = (1/V) Σᵢ ‖eᵢ‖² − ‖μ‖²:
             centering always lowers the root-mean-square logit and row norm (by the removed
-            mean), never the maximum in general.
+            mean), but not necessarily the maximum.
       (iv)  maxᵢ‖e*ᵢ‖ ≤ maxᵢ‖eᵢ‖ ⇔ the Lemma-2 bound shrinks ⇔ the worst case over unit h
             shrinks (sup over ‖h‖ = 1 of max|lᵢ| = maxᵢ‖eᵢ‖); row i's norm shrinks exactly
             when eᵢ·μ ≥ ‖μ‖²/2, so minᵢ eᵢ·μ ≥ ‖μ‖²/2 is a sufficient condition for it.
     So B_ratio ≤ 1 (the paper's App. C finds it for trained untied models) is evidence that
     centering shrinks the logit range along μ, the direction of the common shift; it is not
-    a guarantee for the largest logit of every token.
+    a guarantee for the largest logit of every token. The failures are not corner cases: on
+    random anisotropic matrices with B_ratio ≤ 1 (V = 1000, D = 64, random shifts) a random h
+    gets a larger max|l*| about a fifth to two fifths of the time.
     """
     e = weight.detach().to(torch.float64)
     mu = e.mean(dim=0)
