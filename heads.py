@@ -1,5 +1,6 @@
 """The language-modeling head in five variants, after the paper *Output Embedding Centering
 for Stable LLM Pretraining*. Torch only; copy this file alone into any project.
+
     head = build("mu_center")                  # or baseline, soft_cap, z_loss, mu_loss
     loss, stats = head(h, weight, targets)     # h (..., D), weight (V, D), targets (...)
     loss.backward(); optimizer.step()
