@@ -166,9 +166,9 @@ def gpt2_encoding():
     except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
         names = ", ".join(f"{name} as {hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()}"
                           for name in ("vocab.bpe", "encoder.json"))
-        raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({err}); offline, copy "
-                           f"{GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a folder ({names}) "
-                           f"and set TIKTOKEN_CACHE_DIR to that folder") from err
+        raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(err).__name__}); "
+                           f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
+                           f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from err
 
 
 def text_pieces(text, max_chars=PIECE_CHARS):
@@ -202,10 +202,11 @@ def tokenize_files(files, workers=None):
 
     Large files are cut at line ends (text_pieces) and the pieces tokenized by
     a pool of processes; the result is identical to tokenizing each file whole."""
-    gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
     pieces, starts = [], []                # starts[k]: is pieces[k] the first of a document?
     for f in files:
         path = Path(f)
+        if not path.is_file():
+            raise FileNotFoundError(f"text file {path} does not exist; check the path")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
@@ -216,6 +217,7 @@ def tokenize_files(files, workers=None):
         doc = text_pieces(text)
         pieces += doc
         starts += [True] + [False] * (len(doc) - 1)
+    gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
     workers = min(workers or os.cpu_count() or 1, len(pieces))
     if workers > 1:
         with multiprocessing.get_context().Pool(workers) as pool:
@@ -346,7 +348,8 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
 def fineweb_base_url(dataset="fineweb10B", base_url=None):
     """Where the shards live: base_url, else $FINEWEB_BASE_URL, else Hugging Face."""
     if dataset not in FINEWEB_DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(FINEWEB_DATASETS)}")
+        raise ValueError(f"unknown dataset {dataset!r}; "
+                         f"choose one of {', '.join(FINEWEB_DATASETS)}")
     return (base_url or os.environ.get(BASE_URL_ENV)
             or f"https://huggingface.co/datasets/{FINEWEB_DATASETS[dataset]}/resolve/main")
 
@@ -469,7 +472,8 @@ class ShardLoader:
 
     def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train"):
         if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"batch_size and seq_len must be ≥ 1, got {batch_size} and {seq_len}")
+            raise ValueError(f"batch_size and seq_len must be ≥ 1, "
+                             f"got {batch_size} and {seq_len}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
@@ -549,14 +553,17 @@ def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, split="train"
 
 # ----------------------------------------------------------------------------- command line
 def parse_args(argv=None):
+    examples = [line for line in __doc__.splitlines() if line.lstrip().startswith("python ")]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="examples:\n" + "\n".join(examples),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fineweb", help="download pre-tokenized GPT-2 FineWeb shards")
     f.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens")
     f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default="fineweb10B")
     f.add_argument("--out", help="output folder (default data/DATASET)")
-    f.add_argument("--base_url", help=f"download location (default ${BASE_URL_ENV} or Hugging Face)")
+    f.add_argument("--base_url",
+                   help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
     t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
     t.add_argument("files", nargs="+")
     t.add_argument("--out", required=True)
