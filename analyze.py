@@ -377,8 +377,12 @@ def token_batches(cfg: dict, args, n_tokens: int, vocab_size: int):
     data_dir = args.data or cfg.get("data")
     per_batch = args.batch_size * seq_len
     if data_dir:
-        return data.val_batches(data_dir, math.ceil(n_tokens / per_batch) * per_batch,
-                                args.batch_size, seq_len)
+        try:
+            return data.val_batches(data_dir, math.ceil(n_tokens / per_batch) * per_batch,
+                                    args.batch_size, seq_len)
+        except ValueError as err:
+            raise ValueError(f"--tokens {n_tokens} asks for more than the validation split holds; "
+                             f"lower --tokens ({err}).") from None
     generator = torch.Generator().manual_seed(args.seed)
     windows = [torch.randint(vocab_size, (args.batch_size, seq_len + 1), generator=generator)
                for _ in range(math.ceil(n_tokens / per_batch))]
@@ -395,8 +399,6 @@ def hidden_states(gpt: model.GPT, cfg: dict, args) -> tuple[torch.Tensor, torch.
         n += y.numel()
         if n >= args.tokens:
             break
-    if n < args.tokens:
-        raise ValueError(f"the data hold only {n} validation tokens; lower --tokens to at most {n}.")
     return torch.cat(H)[:args.tokens], torch.cat(Y)[:args.tokens]
 
 
