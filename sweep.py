@@ -387,7 +387,7 @@ def _float(text):
     return float(text) if text not in ("", None) else math.nan
 
 
-def _bool(text):
+def boolean(text):
     value = str(text).strip().lower()
     if value not in ("true", "false", "1", "0"):
         raise ValueError(f"expected true or false, got {text!r}")
@@ -427,9 +427,9 @@ def read_results(path, l0=None):
 def _typed_row(raw, l0):
     row = dict(raw)
     head = row["head"]
-    row.update(lr=float(row["lr"]), tie=_bool(row["tie"]), test_loss=_float(row["test_loss"]),
+    row.update(lr=float(row["lr"]), tie=boolean(row["tie"]), test_loss=_float(row["test_loss"]),
                train_time_s=_float(row["train_time_s"]),
-               diverged=_bool(row.get("diverged") or "false"))
+               diverged=boolean(row.get("diverged") or "false"))
     lam, cap = _optional(row.get("lam")), _optional(row.get("cap"))
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if head in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if head == "soft_cap" else None
@@ -764,7 +764,7 @@ def parse_args(argv=None):
     run.add_argument("--sizes", nargs="+", help="model sizes (paper: 16M 29M 57M 109M 221M)")
     run.add_argument("--lrs", nargs="+", type=float, help="learning rates (paper: 3e-4 ... 3e-1)")
     run.add_argument("--heads", nargs="+", help=f"heads among {', '.join(HEADS)}")
-    run.add_argument("--tie", nargs="+", type=_bool, help="weight tying: false, true or both")
+    run.add_argument("--tie", nargs="+", type=boolean, help="weight tying: false, true or both")
     run.add_argument("--lams", nargs="+", type=float, help="λ for z_loss and mu_loss")
     run.add_argument("--caps", nargs="+", type=float, help="c for soft_cap")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
