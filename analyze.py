@@ -352,22 +352,34 @@ def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
     return gpt.to(device).eval(), ckpt["config"], int(ckpt["step"])
 
 
-def models(args) -> list[tuple[model.GPT, dict, int]]:
-    """The models a subcommand measures: a fresh one (--init), the latest checkpoint of --run,
-    or (all_steps) every snapshot of --run in training order, one step each."""
+def fresh_model(args) -> tuple[model.GPT, dict, int]:
+    """A freshly initialised model (--init SIZE, --head, --tie, --vocab_size, --seed), step 0."""
+    torch.manual_seed(args.seed)
+    cfg = dict(size=args.init, head=args.head, tie=args.tie, vocab_size=args.vocab_size,
+               seq_len=args.seq_len or DEFAULTS["init_seq_len"], data=args.data)
+    return build_model(cfg).to(args.device).eval(), cfg, 0
+
+
+def run_models(run_dir: str, device: str, all_steps: bool):
+    """Yield (model, config, step) for the latest checkpoint of a run or, with all_steps, for
+    every snapshot in training order, loading one at a time. ckpt.pt is the latest unless the
+    run is still going and a newer snapshot exists; it is skipped when a snapshot has its step."""
+    paths = checkpoint_paths(run_dir)
+    snapshots, latest = paths[:-1], paths[-1]
+    last_step = -1
+    for path in snapshots if all_steps else []:
+        gpt, cfg, last_step = load_checkpoint(path, device)
+        yield gpt, cfg, last_step
+    gpt, cfg, step = load_checkpoint(latest, device)
+    if step > last_step:
+        yield gpt, cfg, step
+
+
+def models(args, all_steps: bool = False):
+    """The model(s) a subcommand measures: --init SIZE or the checkpoints of --run."""
     if args.init:
-        torch.manual_seed(args.seed)
-        cfg = dict(size=args.init, head=args.head, tie=args.tie, vocab_size=args.vocab_size,
-                   seq_len=args.seq_len or DEFAULTS["init_seq_len"], data=args.data)
-        return [(build_model(cfg).to(args.device).eval(), cfg, 0)]
-    paths = checkpoint_paths(args.run)
-    loaded, steps = [], set()
-    for path in paths if getattr(args, "all_steps", False) else paths[-1:]:
-        gpt, cfg, step = load_checkpoint(path, args.device)
-        if step not in steps:  # ckpt.pt repeats the last snapshot when steps % keep_every == 0
-            steps.add(step)
-            loaded.append((gpt, cfg, step))
-    return loaded
+        return [fresh_model(args)]
+    return run_models(args.run, args.device, all_steps)
 
 
 def token_batches(cfg: dict, args, n_tokens: int, vocab_size: int):
@@ -439,7 +451,33 @@ def frequent_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     return order[: min(k, int((counts > 0).sum()))]
 
 
-# ─────────────────────────────────────────── subcommands ───────────────────────────────────────────
+# ─────────────────────────────────────── subcommands ───────────────────────────────────────
+
+def verify_table(r: dict) -> list[tuple]:
+    """(statement, value, holds) rows; an identity holds at float64 round-off of the logits."""
+    tol = 1e-12 * max(1.0, r["max_abs_logit"])
+
+    def exact(key):
+        return r[key], r[key] <= tol
+
+    return [
+        ("Eq. 11 centering: W* = W − μ", *exact("centering_dev")),
+        ("Lemma 1: mean(l) = μ·h", *exact("lemma1_dev")),
+        ("Lemma 2: max|l| / (max‖e‖·‖h‖) ≤ 1", r["lemma2_ratio"], r["lemma2_ratio"] <= 1 + 1e-12),
+        ("Prop. 3 (i): mean(l*) = 0", *exact("prop3_mean")),
+        ("Prop. 3 (ii): std(l*) = std(l)", *exact("prop3_std_dev")),
+        ("Prop. 3 (iii): softmax(l*) = softmax(l)", *exact("prop3_prob_dev")),
+        ("Prop. 3 (iii): CE(l*) = CE(l)", *exact("prop3_loss_dev")),
+        ("Eq. 26: B_ratio = max|e*·μ| / max|e·μ|", *exact("eq26_dev")),
+        ("Thm. 4 condition: B_ratio ≤ 1", r["B_ratio"], r["B_ratio_le_1"]),
+        ("Eq. 32: max of sum = sum of maxes", *exact("eq32_dev")),
+        ("Eq. 34: max‖e*‖ / max‖e‖ ≤ 1", r["max_norm_star"] / r["max_norm"], r["eq34_holds"]),
+        ("Eq. 35 per token: share max|l*| ≤ max|l|", r["eq35_token_share"],
+         r["eq35_token_share"] == 1),
+        ("Eq. 35 over all tokens: max|l*| / max|l|", r["max_abs_logit_star"] / r["max_abs_logit"],
+         r["eq35_global_holds"]),
+    ]
+
 
 def run_verify(args) -> dict:
     """Lemma 1, Lemma 2, Proposition 3 and Theorem 4 on the model's own hidden states."""
@@ -447,28 +485,13 @@ def run_verify(args) -> dict:
     H, targets = hidden_states(gpt, cfg, args)
     W = output_weight64(gpt)
     W_star = W.clone()
-    heads.build("mu_center").after_step(W_star)  # the project's μ-centering, applied in float64
+    heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **verify_identities(H, W, W_star, targets, args.chunk))
-    scale = result["max_abs_logit"]
-    tol = 1e-12 * max(1.0, scale)  # float64 round-off on logits of this size
-    print_table([
-        ("Eq. 11 centering: W* = W − μ", result["centering_dev"], result["centering_dev"] <= tol),
-        ("Lemma 1: mean(l) = μ·h", result["lemma1_dev"], result["lemma1_dev"] <= tol),
-        ("Lemma 2: max|l| / (max‖e‖·‖h‖) ≤ 1", result["lemma2_ratio"], result["lemma2_ratio"] <= 1 + 1e-12),
-        ("Prop. 3 (i): mean(l*) = 0", result["prop3_mean"], result["prop3_mean"] <= tol),
-        ("Prop. 3 (ii): std(l*) = std(l)", result["prop3_std_dev"], result["prop3_std_dev"] <= tol),
-        ("Prop. 3 (iii): softmax(l*) = softmax(l)", result["prop3_prob_dev"], result["prop3_prob_dev"] <= 1e-12),
-        ("Prop. 3 (iii): CE(l*) = CE(l)", result["prop3_loss_dev"], result["prop3_loss_dev"] <= tol),
-        ("Eq. 26: B_ratio = max|e*·μ| / max|e·μ|", result["eq26_dev"], result["eq26_dev"] <= 1e-12),
-        ("Thm. 4 condition: B_ratio ≤ 1", result["B_ratio"], result["B_ratio_le_1"]),
-        ("Eq. 34: max‖e*‖ ≤ max‖e‖ (ratio)", result["max_norm_star"] / result["max_norm"], result["eq34_holds"]),
-        ("Eq. 32: max of sum = sum of maxes", result["eq32_dev"], result["eq32_dev"] <= tol),
-        ("Eq. 35 per token: share max|l*| ≤ max|l|", result["eq35_token_share"], result["eq35_token_share"] == 1),
-        ("Eq. 35 over all tokens: max|l*| / max|l|", result["max_abs_logit_star"] / scale, result["eq35_global_holds"]),
-    ], ("statement", "value", "holds"),
-        f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64; ‖μ‖ = {result['mu_norm']:.4g}, "
-        f"B₋ = {result['B_minus']:.4g}, B₊ = {result['B_plus']:.4g}")
+    print_table(verify_table(result), ("statement", "value", "holds"),
+                f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64; "
+                f"‖μ‖ = {result['mu_norm']:.4g}, B₋ = {result['B_minus']:.4g}, "
+                f"B₊ = {result['B_plus']:.4g}")
     return result
 
 
@@ -485,10 +508,11 @@ def run_logits(args) -> dict:
     dots = bounds.pop("dots")
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **{name: total / len(H) for name, total in sums.items()}, **bounds)
-    print_table([(name, result[name]) for name in
-                 ("logit_mean", "logit_std", "logit_absmax", "log2Z", "mu_norm", "mu_sq",
-                  "B_minus", "B_plus", "B_ratio")], ("quantity", "value"),
-                f"logits: {describe(args, cfg, step)}, per-token statistics averaged over {len(H)} tokens")
+    names = ("logit_mean", "logit_std", "logit_absmax", "log2Z", "mu_norm", "mu_sq", "B_minus",
+             "B_plus", "B_ratio")
+    print_table([(name, result[name]) for name in names], ("quantity", "value"),
+                f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
+                f"{len(H)} tokens")
     if args.plot:
         plot_dot_histogram(dots.cpu().numpy(), bounds, args.bins, args.plot)
     return result
@@ -497,29 +521,29 @@ def run_logits(args) -> dict:
 def run_bottleneck(args) -> dict:
     """The share of the loss gradient that the LM head passes on, per checkpoint."""
     rows = []
-    for gpt, cfg, step in models(args):
+    for gpt, cfg, step in models(args, all_steps=True):
         H, targets = hidden_states(gpt, cfg, args)
-        W = output_weight64(gpt)
-        rows.append(dict(step=step, **bottleneck(head_loss_gradients(gpt, H, targets), W, H)))
+        G = head_loss_gradients(gpt, H, targets)
+        rows.append(dict(step=step, **bottleneck(G, output_weight64(gpt), H)))
     D = gpt.config.n_embd
-    note = f" (N ≤ 2D = {2 * D}: the batch bound is trivially 1; raise --tokens)" if args.tokens <= 2 * D else ""
     columns = ("step", "retained_norm", "suppressed_norm", "retained_energy", "isotropic_energy",
                "pooled_energy", "rank2D_energy", "rank2D_cosine", "sgd_cosine")
-    print_table([tuple(r[c] for c in columns) for r in rows], columns,
-                f"bottleneck: {describe(args, cfg, step)}, {args.tokens} tokens, D = {D}, "
+    note = f"; N ≤ 2D = {2 * D}: the batch bound is trivially 1" if args.tokens <= 2 * D else ""
+    print_table([[r[c] for c in columns] for r in rows], columns,
+                f"bottleneck: {describe(args, cfg, step)}, N = {args.tokens} tokens, D = {D}, "
                 f"V = {gpt.config.vocab_size}{note}")
     if args.plot:
-        plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy", "isotropic_energy"),
-                    "share of the loss gradient", args.plot)
+        plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy",
+                           "isotropic_energy"), "share of the loss gradient", args.plot)
     return dict(run=args.run, init=args.init, steps=rows)
 
 
-def tied_gradient_split(gpt: model.GPT, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def tied_gradient_split(gpt: model.GPT, x: torch.Tensor, y: torch.Tensor):
     """(∇ from the LM head, ∇ from the input embedding) of the loss on one batch, each V×D.
 
-    The input side is the embedding lookup's gradient: for every position, ∂L/∂x (the
-    gradient reaching the looked-up row) added to its token's row. With tying, the output
-    side is the rest of the shared matrix's gradient; untied, it is the output matrix's own.
+    The input side is the embedding lookup's gradient: ∂L/∂x at every position, added to the
+    row of its token. With tying, the output side is the rest of the shared matrix's gradient;
+    untied, it is the output matrix's own gradient.
     """
     embedded = {}
 
@@ -543,44 +567,51 @@ def tied_gradient_split(gpt: model.GPT, x: torch.Tensor, y: torch.Tensor) -> tup
 
 
 def output_share(from_output: torch.Tensor, from_input: torch.Tensor) -> dict:
-    """How much of the embedding gradient comes from the LM head (for a tied matrix, both
-    sides act on the same tensor; for an untied model, on the two separate matrices):
+    """How much of the embedding gradient comes from the LM head (tied: both parts act on one
+    matrix; untied: on the output and the input matrix), Frobenius norms over V×D:
         share_norm   = ‖∇_out‖ / (‖∇_out‖ + ‖∇_in‖)
         share_energy = ‖∇_out‖² / (‖∇_out‖² + ‖∇_in‖²)
-        cos_out_in   = ⟨∇_out, ∇_in⟩ / (‖∇_out‖‖∇_in‖)   (Frobenius norms over V×D)
-    Note that these are raw gradients: Adam rescales each coordinate before it updates."""
+        cos_out_in   = ⟨∇_out, ∇_in⟩ / (‖∇_out‖·‖∇_in‖)
+    These are raw gradients: Adam rescales each coordinate before it updates."""
     out_norm, in_norm = from_output.norm(), from_input.norm()
     return dict(share_norm=(out_norm / (out_norm + in_norm)).item(),
                 share_energy=(out_norm ** 2 / (out_norm ** 2 + in_norm ** 2)).item(),
                 cos_out_in=((from_output * from_input).sum() / (out_norm * in_norm)).item())
 
 
+def embedding_geometry(A: torch.Tensor, B: torch.Tensor, k: int) -> dict:
+    return dict(**alignment(A, B), knn_overlap=knn_overlap(A, B, k))
+
+
 def run_tying(args) -> dict:
     """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share."""
-    (tied, tied_cfg, tied_step), = models(argparse.Namespace(**{**vars(args), "run": args.tied}))
-    (untied, untied_cfg, untied_step), = models(argparse.Namespace(**{**vars(args), "run": args.untied}))
+    (tied, tied_cfg, tied_step), = run_models(args.tied, args.device, all_steps=False)
+    (untied, _, untied_step), = run_models(args.untied, args.device, all_steps=False)
     if not tied.config.tie or untied.config.tie:
         raise ValueError("--tied must name a run trained with --tie and --untied one without it.")
     data_dir = args.data or tied_cfg["data"]
     ids = torch.from_numpy(frequent_tokens(training_tokens(data_dir, args.sig_tokens), args.top_k))
-    shared = tied.wte.weight.detach().double()[ids]
-    matrices = dict(input=untied.wte.weight.detach().double()[ids],
-                    output=untied.output_weight.detach().double()[ids])
-    geometry = {name: dict(**alignment(shared, other), knn_overlap=knn_overlap(shared, other, args.knn))
-                for name, other in matrices.items()}
-    geometry["untied input vs output"] = dict(**alignment(matrices["input"], matrices["output"]),
-                                              knn_overlap=knn_overlap(matrices["input"], matrices["output"], args.knn))
-    print_table([(f"tied vs untied {name}" if name in matrices else name, *(g[c] for c in ("identity", "procrustes", "lstsq", "knn_overlap")))
-                 for name, g in geometry.items()], ("matrices", "identity", "procrustes", "lstsq", f"knn@{args.knn}"),
-                f"tying: mean per-token cosine after each map (rows centred), {len(ids)} most frequent tokens; "
-                f"tied step {tied_step}, untied step {untied_step}")
+
+    def rows_of(weight):
+        return weight.detach().double().cpu()[ids]
+
+    shared, inputs = rows_of(tied.wte.weight), rows_of(untied.wte.weight)
+    outputs = rows_of(untied.output_weight)
+    geometry = {"tied vs untied input": embedding_geometry(shared, inputs, args.knn),
+                "tied vs untied output": embedding_geometry(shared, outputs, args.knn),
+                "untied input vs output": embedding_geometry(inputs, outputs, args.knn)}
+    columns = ("identity", "procrustes", "lstsq", "knn_overlap")
+    print_table([[name, *(g[c] for c in columns)] for name, g in geometry.items()],
+                ("matrices", *columns),
+                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, "
+                f"{len(ids)} most frequent tokens; tied step {tied_step}, untied step {untied_step}")
     shares = []
     for name, run in (("tied", args.tied), ("untied", args.untied)):
-        for gpt, cfg, step in models(argparse.Namespace(**{**vars(args), "run": run, "all_steps": True})):
+        for gpt, cfg, step in run_models(run, args.device, all_steps=True):
             loader = data.ShardLoader(data_dir, args.batch_size, args.seq_len or int(cfg["seq_len"]))
-            x, y = loader.next_batch()
-            shares.append(dict(run=name, step=step, **output_share(*tied_gradient_split(gpt, x.to(args.device), y.to(args.device)))))
-    print_table([tuple(s.values()) for s in shares], tuple(shares[0]),
+            x, y = (t.to(args.device) for t in loader.next_batch())
+            shares.append(dict(run=name, step=step, **output_share(*tied_gradient_split(gpt, x, y))))
+    print_table([list(s.values()) for s in shares], list(shares[0]),
                 "share of the embedding gradient from the LM head (first training batch)")
     if args.plot:
         plot_curves([s for s in shares if s["run"] == "tied"], ("share_norm", "share_energy"),
@@ -590,25 +621,28 @@ def run_tying(args) -> dict:
 
 def run_signatures(args) -> dict:
     """Alignment of the embeddings' similarity structure with each probability signature."""
-    snapshots = models(argparse.Namespace(**{**vars(args), "all_steps": True}))
-    data_dir = args.data or snapshots[0][1]["data"]
-    tokens = training_tokens(data_dir, args.sig_tokens)
+    snapshots = run_models(args.run, args.device, all_steps=True)
+    first = next(snapshots)
+    tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
     ids = frequent_tokens(tokens, args.top_k)
-    signatures = {offset: torch.from_numpy(signature(tokens, ids, offset)) for offset in args.offsets}
+    signatures = {o: torch.from_numpy(signature(tokens, ids, o)) for o in args.offsets}
     rows = []
-    for gpt, cfg, step in snapshots:
+    for gpt, cfg, step in [first, *snapshots]:
         row = dict(step=step)
         for side, weight in (("in", gpt.wte.weight), ("out", gpt.output_weight)):
             E = centred(weight.detach().double().cpu()[torch.from_numpy(ids)])
             for offset, S in signatures.items():
                 row[f"{side}{offset:+d}"] = similarity_alignment(E, S)
         rows.append(row)
-    print_table([tuple(r.values()) for r in rows], tuple(rows[0]),
-                f"signatures: Pearson r of pairwise cosines, embeddings (in/out) vs signature at offset "
-                f"(+1 = next token, −k = k back), {len(ids)} most frequent of {len(tokens)} training tokens")
+    print_table([list(r.values()) for r in rows], list(rows[0]),
+                f"signatures: Pearson r of pairwise cosines, embeddings (in/out) vs signature at "
+                f"offset (+1 next token, −k k back); {len(ids)} most frequent of {len(tokens)} "
+                "training tokens")
     if args.plot:
-        plot_curves(rows, tuple(k for k in rows[0] if k != "step"), "similarity alignment (Pearson r)", args.plot)
-    return dict(run=args.run, tokens=len(tokens), top_k=len(ids), offsets=list(args.offsets), steps=rows)
+        plot_curves(rows, [k for k in rows[0] if k != "step"], "similarity alignment (Pearson r)",
+                    args.plot)
+    return dict(run=args.run, tokens=len(tokens), top_k=len(ids), offsets=list(args.offsets),
+                steps=rows)
 
 
 def run_trivial(args) -> dict:
@@ -783,18 +817,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub.add_parser("verify", parents=[common, source], help=run_verify.__doc__)
     logits = sub.add_parser("logits", parents=[common, source], help=run_logits.__doc__)
     logits.add_argument("--bins", type=positive_int, default=DEFAULTS["bins"])
-    bottleneck_cmd = sub.add_parser("bottleneck", parents=[common, source], help=run_bottleneck.__doc__)
-    bottleneck_cmd.set_defaults(all_steps=True)
+    sub.add_parser("bottleneck", parents=[common, source], help=run_bottleneck.__doc__)
     tying = sub.add_parser("tying", parents=[common, token_set], help=run_tying.__doc__)
     tying.add_argument("--tied", required=True, help="run folder trained with --tie")
     tying.add_argument("--untied", required=True, help="run folder trained without --tie")
     tying.add_argument("--knn", type=positive_int, default=DEFAULTS["knn"])
-    tying.set_defaults(run=None, init=None)
     signatures = sub.add_parser("signatures", parents=[common, token_set], help=run_signatures.__doc__)
     signatures.add_argument("--run", required=True, help="a train.py run folder")
     signatures.add_argument("--offsets", type=int, nargs="+", default=list(DEFAULTS["offsets"]),
                             help="+1 = label signature, -k = context k tokens back")
-    signatures.set_defaults(init=None)
     trivial = sub.add_parser("trivial", parents=[output], help=run_trivial.__doc__.split("\n\n")[0])
     trivial.add_argument("--out", required=True, help="folder for the data and runs")
     trivial.add_argument("--vocabs", type=positive_int, nargs="+", default=list(DEFAULTS["trivial_vocabs"]))
