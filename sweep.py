@@ -653,8 +653,11 @@ def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
             lrs_ax.plot([sizes.index(c.size) for c in line], [c.lrs_value for c in line],
                         color=color_of(line[0]), label=label_of(line[0]) + suffix, **style)
     for ax, size in zip(loss_axes, sizes):
-        best = min(c.optimal_loss for c in cells + ref_cells if c.size == size)
-        ax.set(xscale="log", title=size, xlabel="learning rate η", ylim=(best - 0.05, best + 1.0))
+        losses = [loss for c in cells + ref_cells if c.size == size for loss in c.losses]
+        # zoom on the optimum: up to 30% above it, the region the paper's Fig. 2 shows
+        low, high = min(losses), min(max(losses), 1.3 * min(losses))
+        pad = 0.05 * (high - low) or 0.05
+        ax.set(xscale="log", title=size, xlabel="learning rate η", ylim=(low - pad, high + pad))
         ax.grid(alpha=0.3)
     loss_axes[0].set_ylabel("loss min(L, L₀)")
     loss_axes[0].legend(fontsize=7)
@@ -682,10 +685,12 @@ def _plot_metrics(plt, cells, ref_cells, title):
     for i, (metric, label) in enumerate(METRICS):
         for j, size in enumerate(sizes):
             ax = axes[i][j]
-            # symlog: the baseline's values grow by orders of magnitude while μ-centering's ‖μ‖ is 0
-            ax.set(xscale="log", yscale="linear" if metric == "logit_std" else "symlog")
-            if metric in ("mu_norm", "logit_absmax"):
-                ax.set_ylim(bottom=0)
+            values = [abs(r[metric]) for c in cells + ref_cells if c.size == size for r in c.rows]
+            # the baseline's values grow by orders of magnitude while μ-centering's stay at 0:
+            # symlog (linear within ±1) shows both, where the range calls for it
+            if max(filter(math.isfinite, values), default=0.0) > 50:
+                ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_xscale("log")
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.set_title(size)
