@@ -1,0 +1,324 @@
+"""train.py: a run learns, DDP equals gradient accumulation, resume is exact, divergence ends
+cleanly, bad input ends in one sentence. CPU, offline; tiny models on real text (GPT-2 tokens of
+tests/assets/paradise_regained.txt) or on a 64-token Markov language where speed matters."""
+import functools
+import http.server
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import data
+import train
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = ROOT / "tests" / "assets" / "paradise_regained.txt"
+SUMMARY_KEYS = {"head", "size", "lr", "tie", "lam", "cap", "steps", "tokens", "val_loss",
+                "init_loss", "diverged", "logit_mean", "logit_std", "logit_absmax", "log2Z",
+                "mu_norm", "train_time_s"}
+LOG_KEYS = {"step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean", "logit_std",
+            "logit_absmax", "log2Z", "tok_per_s", "mfu"}
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("text")
+    data.prepare_text([TEXT], out, workers=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def markov_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("markov")
+    data.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=out, seq_len=32)
+    return out
+
+
+def tiny(data_dir, out_dir, *extra, steps=6):
+    """Command line of a tiny CPU run on the 64-token Markov language (or other data)."""
+    return ["--size", "tiny", "--device", "cpu", "--vocab_size", "64", "--data", str(data_dir),
+            "--out_dir", str(out_dir), "--steps", str(steps), "--warmup", "2", "--seq_len", "32",
+            "--batch_size", "8", "--micro_batch", "2", "--eval_tokens", "512",
+            "--stat_tokens", "256", "--log_every", "1", *extra]
+
+
+def read_log(out_dir):
+    return [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def read_summary(out_dir):
+    return json.loads((Path(out_dir) / "summary.json").read_text())
+
+
+def run_script(args, **env):
+    """python ARGS in a subprocess that finds the project's modules."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+# ---------------------------------------------------------------------------------------------
+# learning, and the run folder
+
+def test_tiny_run_on_text_learns_and_fills_the_run_folder(text_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.main(["--size", "tiny", "--device", "cpu", "--data", str(text_data), "--out_dir",
+                str(out), "--steps", "30", "--warmup", "5", "--lr", "1e-2", "--batch_size", "4",
+                "--micro_batch", "4", "--seq_len", "32", "--eval_every", "15",
+                "--eval_tokens", "1024", "--stat_tokens", "256", "--log_every", "5",
+                "--save_every", "10"])
+    ln_v = math.log(50304)
+    summary = read_summary(out)
+    assert set(summary) == SUMMARY_KEYS
+    assert abs(summary["init_loss"] - ln_v) < 0.1           # untrained: about uniform
+    assert summary["val_loss"] < ln_v - 3                    # well below ln V after 30 steps
+    assert summary["diverged"] is False and summary["tokens"] == 30 * 4 * 32
+    assert summary["logit_std"] > 0 and summary["logit_absmax"] >= abs(summary["logit_mean"])
+
+    log = read_log(out)
+    assert [r["step"] for r in log] == [5, 10, 15, 20, 25, 30]
+    assert all(LOG_KEYS <= set(r) for r in log)
+    assert [r["step"] for r in log if "val_loss" in r] == [15, 30]
+    assert log[-1]["val_loss"] == summary["val_loss"] and log[-1]["mfu"] is None   # CPU: no peak
+    assert log[-1]["loss"] < log[0]["loss"]
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["size"] == "tiny" and config["steps"] == 30 and config["dtype"] == "float32"
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)    # tensors and plain types only
+    assert ckpt["step"] == 30 and ckpt["config"] == config
+    assert not any(key.startswith("_orig_mod.") for key in ckpt["model"])
+
+    printed = capsys.readouterr().out
+    assert "step 30/30 | loss" in printed and "tok/s" in printed and "ETA" in printed
+
+
+def test_mu_center_run_logs_zero_mean_embedding_at_every_step(markov_data, tmp_path):
+    train.main(tiny(markov_data, tmp_path, "--head", "mu_center", "--lr", "3e-2"))
+    log = read_log(tmp_path)
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert all(r["mu_norm"] < 1e-6 for r in log)
+    assert all(abs(r["logit_mean"]) < 1e-5 for r in log)    # l̄ = μ·h = 0 (Lemma 1)
+    assert read_summary(tmp_path)["mu_norm"] < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP
+
+PROBE = """
+import os, sys, torch, train
+model = train.main(sys.argv[1:])
+torch.save(model.state_dict(), os.path.join(os.environ["PROBE_OUT"], f"rank{os.environ['RANK']}.pt"))
+"""
+
+
+def test_two_processes_equal_one_with_twice_the_accumulation(markov_data, tmp_path):
+    """8 sequences per step: 1 process × 4 micro-batches of 2 against 2 processes × 2 of 2."""
+    single = train.main(tiny(markov_data, tmp_path / "one", "--head", "mu_center"))
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       str(probe), *tiny(markov_data, tmp_path / "two", "--head", "mu_center")],
+                      PROBE_OUT=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    one, two = read_log(tmp_path / "one"), read_log(tmp_path / "two")
+    assert [r["step"] for r in two] == [r["step"] for r in one]
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    s1, s2 = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
+    assert s2["init_loss"] == pytest.approx(s1["init_loss"], rel=1e-6)  # shared evaluation
+    assert s2["val_loss"] == pytest.approx(s1["val_loss"], rel=1e-5)
+
+    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    for name, tensor in rank0.items():  # identical, bit for bit, with μ-centering on each rank
+        assert torch.equal(tensor, rank1[name]), name
+        assert torch.allclose(tensor, single.state_dict()[name], atol=1e-5), name
+
+
+# ---------------------------------------------------------------------------------------------
+# interruption, resume, divergence
+
+DETERMINISTIC = ("step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean",
+                 "logit_std", "logit_absmax", "log2Z", "val_loss")
+
+
+def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_path, monkeypatch):
+    """Killed after step 5 with the last checkpoint at step 3: steps 4‥5 are lost and redone.
+    The second half runs under torch.compile (dynamo, eager backend, for speed): a compiled
+    run resumes an eager checkpoint."""
+    common = ("--head", "mu_loss", "--eval_every", "4", "--save_every", "3")
+    whole = train.main(tiny(markov_data, tmp_path / "whole", *common, steps=8))
+    train.main(tiny(markov_data, tmp_path / "cut", *common, "--stop_at", "5", steps=8))
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    assert torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)["step"] == 3
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    resumed = train.main(tiny(markov_data, tmp_path / "cut", *common, "--resume", "--compile",
+                              steps=8))
+    expected, got = read_log(tmp_path / "whole"), read_log(tmp_path / "cut")
+    assert [r["step"] for r in got] == list(range(1, 9))
+    for a, b in zip(expected, got):
+        assert {k: a.get(k) for k in DETERMINISTIC} == {k: b.get(k) for k in DETERMINISTIC}
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), name
+    s1, s2 = read_summary(tmp_path / "whole"), read_summary(tmp_path / "cut")
+    assert {k: v for k, v in s1.items() if k != "train_time_s"} == \
+        {k: v for k, v in s2.items() if k != "train_time_s"}
+    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
+    assert not any(key.startswith("_orig_mod.") for key in ckpt["model"])
+
+
+def test_absurd_learning_rate_diverges_cleanly_with_exit_code_0(markov_data, tmp_path):
+    done = run_script([str(ROOT / "train.py"), *tiny(markov_data, tmp_path, "--lr", "1e6",
+                                                     "--log_every", "10", "--save_every", "2",
+                                                     steps=40)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = read_summary(tmp_path)
+    assert summary["diverged"] is True and summary["val_loss"] is None
+    assert summary["tokens"] < 40 * 8 * 32                   # stopped at once, not at the end
+    assert "diverged" in done.stdout
+    if (tmp_path / "ckpt.pt").exists():                      # no checkpoint of a broken model
+        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
+        assert all(torch.isfinite(t).all() for t in state.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one sentence, no traceback
+
+def error_of(argv, capsys):
+    """The message train.main ends with (argparse's from stderr, ours from SystemExit)."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    code = exit_info.value.code
+    message = code if isinstance(code, str) else capsys.readouterr().err
+    assert code not in (0, None)
+    return message
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--head", "nope"], "invalid choice: 'nope'"),
+    (["--size", "1B"], "invalid choice: '1B'"),
+    (["--lr", "-1"], "--lr: -1 is invalid; give a finite number > 0"),
+    (["--lr", "fast"], "--lr: 'fast' is not a number"),
+    (["--min_lr", "1"], "--min_lr 1 exceeds --lr 0.003"),
+    (["--batch_size", "7"], "--batch_size 7 must be a multiple of --micro_batch"),
+    (["--lam", "0.1"], "head 'baseline' does not use lam=0.1"),
+    (["--head", "soft_cap", "--cap", "0"], "cap=0.0 is invalid"),
+    (["--eval_tokens", "10000000"], "--eval_tokens=10000000 must cover"),
+    (["--vocab_size", "32"], "outside the model's vocabulary of 32"),
+    (["--data", "/nonexistent/shards"], "no train shards"),
+])
+def test_bad_input_ends_in_one_clear_sentence(markov_data, tmp_path, capsys, extra, expected):
+    message = error_of(tiny(markov_data, tmp_path, *extra), capsys)
+    assert expected in message
+    assert not (tmp_path / "ckpt.pt").exists() and not (tmp_path / "log.jsonl").exists()
+
+
+def test_existing_runs_are_not_overwritten_and_resume_checks_the_settings(markov_data, tmp_path,
+                                                                           capsys):
+    train.main(tiny(markov_data, tmp_path, "--stop_at", "2", "--save_every", "2"))
+    assert "already holds a run; pass --resume" in error_of(tiny(markov_data, tmp_path), capsys)
+    message = error_of(tiny(markov_data, tmp_path, "--resume", "--lr", "0.01"), capsys)
+    assert "was trained with --lr 0.003, not 0.01" in message
+
+
+def test_command_line_errors_come_without_a_traceback(tmp_path):
+    done = run_script([str(ROOT / "train.py"), "--size", "tiny", "--device", "cpu",
+                       "--data", str(tmp_path / "missing"), "--out_dir", str(tmp_path)])
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith("train.py: error: no train shards")
+
+
+# ---------------------------------------------------------------------------------------------
+# the default data: fetched when missing
+
+def serve(folder):
+    """A local HTTP server for the files of folder, standing in for Hugging Face."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_default_data_is_fetched_when_missing(markov_data, tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for split, name in (("train", "fineweb_train_000001.bin"), ("val", "fineweb_val_000000.bin")):
+        (mirror / name).write_bytes(data.shard_paths(markov_data, split)[0].read_bytes())
+    server = serve(mirror)
+    monkeypatch.setenv(data.BASE_URL_ENV, f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.chdir(tmp_path)                   # the default --data is a relative path
+    argv = tiny(data.DEFAULT_DATA, "run", steps=2)
+    try:
+        train.main(argv)
+    finally:
+        server.shutdown()
+    assert sorted(p.name for p in Path(data.DEFAULT_DATA).glob("*.bin")) == \
+        ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]
+    assert read_summary("run")["diverged"] is False
+
+
+def test_default_data_offline_says_how_to_train_on_local_text(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(data.BASE_URL_ENV, "http://127.0.0.1:9")   # nothing listens there
+    monkeypatch.chdir(tmp_path)
+    message = error_of(tiny(data.DEFAULT_DATA, "run"), capsys)
+    assert "the FineWeb download failed" in message
+    assert "python data.py text FILES --out DIR` and pass --data DIR" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# the pieces
+
+def test_lr_schedule_warms_up_linearly_then_decays_by_cosine_to_min_lr():
+    args = train.parse_args(["--lr", "1e-2", "--min_lr", "1e-4", "--steps", "110",
+                             "--warmup", "10", "--device", "cpu"])
+    lrs = [train.lr_at(s, args) for s in range(110)]
+    assert lrs[:10] == pytest.approx([1e-2 * (s + 1) / 10 for s in range(10)])
+    assert lrs[10] == pytest.approx(1e-2)
+    assert lrs[60] == pytest.approx(1e-4 + 0.5 * (1e-2 - 1e-4))      # half way down the cosine
+    assert train.lr_at(110, args) == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+
+
+def test_logit_statistics_match_a_float64_reference():
+    args = train.parse_args(["--size", "tiny", "--vocab_size", "96", "--seq_len", "16",
+                             "--head", "soft_cap", "--cap", "2", "--device", "cpu"])
+    model = train.build_model(args)
+    x = torch.randint(0, 96, (3, 16))
+    sums = train.logit_sums(model, x, train.autocast(torch.device("cpu"), "float32"))
+    stats = train.logit_stats(sums)
+    with torch.no_grad():
+        l = model(x).double().flatten(0, 1)                 # soft-capped logits, (48, 96)
+    assert sums[4] == 48
+    assert stats["logit_mean"] == pytest.approx(l.mean(1).mean().item(), abs=1e-6)
+    assert stats["logit_std"] == pytest.approx(l.std(1, correction=0).mean().item(), rel=1e-5)
+    assert stats["logit_absmax"] == pytest.approx(l.abs().amax(1).mean().item(), rel=1e-6)
+    assert stats["log2Z"] == pytest.approx(torch.logsumexp(l, 1).square().mean().item(), rel=1e-5)
+    assert stats["logit_absmax"] <= 2                        # the cap holds
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA A100-SXM4-80GB", 312e12),
+                                        ("NVIDIA H100 80GB HBM3", 989e12),
+                                        ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H200", 989e12), ("Tesla T4", None)])
+def test_mfu_uses_the_peak_of_the_device_in_use(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert train.peak_flops(torch.device("cuda", 0), "bfloat16") == peak
+    assert train.peak_flops(torch.device("cuda", 0), "float32") is None
+    assert train.peak_flops(torch.device("cpu"), "bfloat16") is None
+
+
+def test_finite_watch_names_the_first_nonfinite_step():
+    watch = train.FiniteWatch(torch.device("cpu"))
+    for step, loss in enumerate([1.0, 2.0, float("nan"), float("inf")], 1):
+        watch.push(step, torch.tensor(loss))
+    assert watch.first_nonfinite() == 3
