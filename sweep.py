@@ -109,10 +109,11 @@ class Run:
         return name
 
     def train_args(self):
-        args = ["--size", self.size, "--head", self.head, "--lr", f"{self.lr:g}"]
+        """train.py's options for this point; numbers in full (repr), unlike the short name."""
+        args = ["--size", self.size, "--head", self.head, "--lr", repr(self.lr)]
         args += ["--tie"] if self.tie else []
-        args += ["--lam", f"{self.lam:g}"] if self.lam is not None else []
-        args += ["--cap", f"{self.cap:g}"] if self.cap is not None else []
+        args += ["--lam", repr(self.lam)] if self.lam is not None else []
+        args += ["--cap", repr(self.cap)] if self.cap is not None else []
         return args
 
 
@@ -211,7 +212,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                 if not ok:
                     failed.append(run.name)
     except KeyboardInterrupt:
-        for proc, (run, _, log, _) in running.items():
+        for proc, (_, _, log, _) in running.items():
             proc.terminate()
             proc.wait()
             if log:
