@@ -1,12 +1,12 @@
 """
 sweep.py — the paper's experiments as sweeps of train.py runs, and what they are turned into.
 
-    python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100   # one run after another
-    python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3               # four runs at once
+    python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100  # one at a time
+    python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3              # four at once
     python sweep.py run --grid lambda --out runs/lam --launcher slurm --nproc_per_node 4 --submit
-    python sweep.py collect runs/paper                   # every summary.json -> runs/paper/results.csv
-    python sweep.py table runs/paper/results.csv         # Tables 2/3/6: Markdown + CSV
-    python sweep.py plot runs/paper/results.csv --reference ../shared/reference/oec_untied_runs.csv
+    python sweep.py collect runs/paper              # every summary.json -> runs/paper/results.csv
+    python sweep.py table runs/paper/results.csv    # Tables 2/3/6: Markdown + CSV
+    python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
 
 Grids (Sec. 3–5 of the paper): `paper` = 7 learning rates × 5 sizes × tied/untied × 5 heads
 (λ = 1e-4 for z_loss and mu_loss, c = 30 for soft_cap); `lambda` = λ ∈ {1e-7, 1e-4, 1e-1, 1e2}
@@ -23,11 +23,12 @@ head over the learning rates η of the sweep:
 
     LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
 
-L(η) is the final test loss, L₀ the loss at initialisation (≈ ln V); a diverged run counts as L₀.
+L(η) is the final test loss, L₀ the loss at initialisation (≈ ln V); a diverged run counts as
+L₀.
 Eq. 22 writes a mean over all n_η learning rates, but the published tables divide by n_η − 1,
 i.e. they average over the learning rates other than the best one; that is the default here so our
 numbers compare with the paper's, and `--lrs_mean literal` gives Eq. 22 as written (n_η−1)/n_η
-times as large. Additional training time = mean train time of a variant / that of the baseline − 1.
+times as large. Additional training time = a variant's mean train time / the baseline's − 1.
 
 sweep.py imports nothing of this project: it talks to train.py through its command line and its
 run folders only.
@@ -82,7 +83,8 @@ METRICS = (("logit_mean", "logit mean  l̄"), ("logit_std", "logit std  σ_l"),
            ("mu_norm", "‖μ‖"), ("logit_absmax", "max |l|"))  # Fig. 3, in the paper's order
 HEAD_COLORS = {"baseline": "tab:gray", "soft_cap": "tab:orange", "z_loss": "tab:red",
                "mu_loss": "tab:blue", "mu_center": "tab:green"}
-SOLID, DASHED = dict(ls="-", marker="o", ms=4), dict(ls="--", marker="x", ms=4, alpha=0.6)  # ours, paper's
+SOLID = dict(ls="-", marker="o", ms=4)  # our runs
+DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with --reference
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 
 
@@ -198,7 +200,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                 where = f" on GPU {slot}" if slot else ""
                 print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}{where}",
                       flush=True)
-                proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
+                proc = subprocess.Popen(cmd, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT if log else None)
                 running[proc] = (run, slot, log, time.time())
             time.sleep(POLL_S)
             for proc in [p for p in running if p.poll() is not None]:
@@ -407,7 +410,8 @@ def read_results(path, l0=None):
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; make it with `python sweep.py collect DIR`")
+        raise FileNotFoundError(f"{path} does not exist; make it with "
+                                f"`python sweep.py collect DIR`")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in TABLE_COLUMNS if c not in (reader.fieldnames or [])]
@@ -463,7 +467,8 @@ def capped_loss(row):
 
 def lr_sensitivity(losses, mean="published"):
     """LRS = Σ_η [L̃(η) − min_η L̃] / (n_η − 1) ('published') or / n_η ('literal', Eq. 22),
-    over the capped losses L̃(η) = min(L(η), L₀) of one size, tying and variant."""
+    over the capped losses L̃(η) = min(L(η), L₀) of one size, tying and variant.
+    """
     n = len(losses)
     divisor = {"published": n - 1, "literal": n}[mean]
     excess = sum(loss - min(losses) for loss in losses)
@@ -499,7 +504,8 @@ def reduce_runs(rows, mean="published"):
         group = groups.setdefault(key, {})
         if row["lr"] in group:
             raise ValueError(f"two results for {row['size']} {row['head']} lr={row['lr']:g} "
-                             f"tie={row['tie']} λ={row['lam']} c={row['cap']}; keep one run per point")
+                             f"tie={row['tie']} λ={row['lam']} c={row['cap']}; keep one run "
+                             f"per point")
         group[row["lr"]] = row
     cells = []
     for (tie, head, lam, cap, size), by_lr in groups.items():
@@ -509,8 +515,9 @@ def reduce_runs(rows, mean="published"):
         best = min(range(len(lrs)), key=losses.__getitem__)
         times = [row["train_time_s"] for row in runs
                  if not row["diverged"] and math.isfinite(row["train_time_s"])]
+        mean_time = sum(times) / len(times) if times else math.nan
         cells.append(Cell(tie, head, lam, cap, size, lrs, losses, runs, losses[best], lrs[best],
-                          lr_sensitivity(losses, mean), sum(times) / len(times) if times else math.nan))
+                          lr_sensitivity(losses, mean), mean_time))
     return sorted(cells, key=lambda c: (c.tie, variant_order(c.variant), size_order(c.size)))
 
 
@@ -559,7 +566,7 @@ def variant_label(variant, show_lam=False):
 # table: Markdown (the paper's layout) + CSV (one row per cell)
 
 def _markdown_table(cells, value, fmt, best=min, show_lam=False):
-    """Rows = sizes, columns = variants; the best value of each row in bold."""
+    """Rows = sizes, columns = variants; the best value of each row in bold (best=None: none)."""
     variants = sorted({c.variant for c in cells}, key=variant_order)
     sizes = sorted({c.size for c in cells}, key=size_order)
     at = {(c.size, c.variant): value(c) for c in cells}
@@ -568,42 +575,47 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     for size in sizes:
         values = [at.get((size, v), math.nan) for v in variants]
         finite = [x for x in values if math.isfinite(x)]
-        top = best(finite) if best and finite else None
-        texts = ["–" if not math.isfinite(x) else
-                 (f"**{fmt(x)}**" if top is not None and fmt(x) == fmt(top) else fmt(x)) for x in values]
+        top = fmt(best(finite)) if best and finite else None
+        texts = [fmt(x) if math.isfinite(x) else "–" for x in values]
+        texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
         lines.append(f"| {size} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
 
+LOSS, LRS = "(i) Optimal loss min_η L (↓)", "(ii) Learning rate sensitivity LRS (↓)"
+TIME = "(iii) Additional training time (↓)"
+
+
 def _caption(mean, l0):
-    divisor = {"published": "(n_η − 1), the published tables' rule", "literal": "n_η, Eq. 22 as written"}[mean]
+    divisor = {"published": "(n_η − 1), the published tables' rule",
+               "literal": "n_η, Eq. 22 as written"}[mean]
     l0_text = (f"L₀ = {l0:g} for every run" if l0 is not None else
-               "L₀ = each run's loss at initialisation (init_loss; 10.83, or 10.85 for 221M, where "
-               "a CSV has none)")
-    return (f"LRS = Σ_η [min(L(η), L₀) − min_η L] / {divisor}; {l0_text}; a diverged run counts "
-            f"as L₀. Additional training time = mean train time over the runs that did not "
-            f"diverge / the baseline's − 1. Best loss and LRS per size in bold.")
+               "L₀ = each run's loss at initialisation (init_loss; 10.83, or 10.85 for 221M, "
+               "where a CSV has none)")
+    return (f"LRS = Σ_η [min(L(η), L₀) − min_η L] / {divisor}; {l0_text}; a diverged run "
+            f"counts as L₀. Additional training time = mean train time over the runs that did "
+            f"not diverge / the baseline's − 1. Best loss and LRS per size in bold.")
 
 
 def markdown_report(cells, mean="published", l0=None):
+    """Table 2 (untied) / Table 6 (tied) and, for heads run with several λ, Table 3."""
+    optimal, sensitivity = (lambda c: c.optimal_loss), (lambda c: c.lrs_value)
+    loss_fmt, lrs_fmt = "{:.2f}".format, "{:.3f}".format
     parts = [f"# Results\n\n{_caption(mean, l0)}"]
     for tie in sorted({c.tie for c in cells}):
         tying = "with weight tying" if tie else "without weight tying"
         main = main_cells(cells, tie)
-        lr_counts = sorted({len(c.lrs) for c in main})
-        parts += [f"## All variants, {tying} ({'/'.join(map(str, lr_counts))} learning rates)",
-                  "(i) Optimal loss min_η L (↓)", _markdown_table(main, lambda c: c.optimal_loss, "{:.2f}".format),
-                  "(ii) Learning rate sensitivity LRS (↓)", _markdown_table(main, lambda c: c.lrs_value, "{:.3f}".format),
-                  "(iii) Additional training time (↓)",
-                  _markdown_table(main, lambda c: 100 * extra_time(c, cells), "{:.1f}%".format,
-                                  best=None)]
+        n_lrs = "/".join(str(n) for n in sorted({len(c.lrs) for c in main}))
+        parts += [f"## All variants, {tying} ({n_lrs} learning rates)",
+                  LOSS, _markdown_table(main, optimal, loss_fmt),
+                  LRS, _markdown_table(main, sensitivity, lrs_fmt),
+                  TIME, _markdown_table(main, lambda c: 100 * extra_time(c, cells),
+                                        "{:.1f}%".format, best=None)]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
             parts += [f"## {head} for several λ, {tying}",
-                      "(i) Optimal loss min_η L (↓)",
-                      _markdown_table(swept, lambda c: c.optimal_loss, "{:.2f}".format, show_lam=True),
-                      "(ii) Learning rate sensitivity LRS (↓)",
-                      _markdown_table(swept, lambda c: c.lrs_value, "{:.3f}".format, show_lam=True)]
+                      LOSS, _markdown_table(swept, optimal, loss_fmt, show_lam=True),
+                      LRS, _markdown_table(swept, sensitivity, lrs_fmt, show_lam=True)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -650,7 +662,8 @@ def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
             loss_axes[sizes.index(c.size)].plot(c.lrs, c.losses, color=color_of(c),
                                                 label=label_of(c) + suffix, **style)
         for variant in sorted({c.variant for c in source}, key=variant_order):
-            line = sorted((c for c in source if c.variant == variant), key=lambda c: size_order(c.size))
+            line = sorted((c for c in source if c.variant == variant),
+                          key=lambda c: size_order(c.size))
             lrs_ax.plot([sizes.index(c.size) for c in line], [c.lrs_value for c in line],
                         color=color_of(line[0]), label=label_of(line[0]) + suffix, **style)
     for ax, size in zip(loss_axes, sizes):
@@ -662,7 +675,7 @@ def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
         ax.grid(alpha=0.3)
     loss_axes[0].set_ylabel("loss min(L, L₀)")
     loss_axes[0].legend(fontsize=7)
-    positive = all(c.lrs_value > 0 for c in cells + ref_cells)  # log axis only where it can show all
+    positive = all(c.lrs_value > 0 for c in cells + ref_cells)  # a log axis must show them all
     lrs_ax.set(xticks=range(len(sizes)), xticklabels=sizes, xlabel="model size N", ylabel="LRS",
                yscale="log" if positive else "linear")
     lrs_ax.grid(alpha=0.3)
@@ -675,7 +688,8 @@ def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
 def _plot_metrics(plt, cells, ref_cells, title):
     """Fig. 3: logit mean, logit std, ‖μ‖ and max |l| vs η; rows = metrics, columns = sizes."""
     sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
-    fig, axes = plt.subplots(len(METRICS), len(sizes), figsize=(3.2 * len(sizes) + 1, 10), squeeze=False)
+    fig, axes = plt.subplots(len(METRICS), len(sizes), figsize=(3.2 * len(sizes) + 1, 10),
+                             squeeze=False)
     for source, style in ((cells, SOLID), (ref_cells, DASHED)):
         suffix = " (paper)" if source is ref_cells else ""
         for c in source:
@@ -734,13 +748,14 @@ def make_figures(cells, ref_cells, out):
         fig = _plot_loss_and_lrs(plt, ours, ref, head_color, lambda c: variant_label(c.variant),
                                  f"Loss vs learning rate and LRS vs size ({tying})")
         written += _save(fig, out, f"fig2_loss_lrs_{tying}")
-        fig = _plot_metrics(plt, ours, ref, f"Logit statistics and ‖μ‖ vs learning rate ({tying})")
+        fig = _plot_metrics(plt, ours, ref, f"Logit statistics, ‖μ‖ vs learning rate ({tying})")
         written += _save(fig, out, f"fig3_logits_{tying}")
         for head in swept_lambda_heads(cells, tie):
             ours_lam = [c for c in cells if c.tie == tie and c.head == head]
             ref_lam = [c for c in ref_cells if c.tie == tie and c.head == head]
             lams = sorted({c.lam for c in ours_lam + ref_lam})
-            lam_color = lambda c: plt.get_cmap("viridis")(0.9 * lams.index(c.lam) / max(len(lams) - 1, 1))
+            lam_color = lambda c: plt.get_cmap("viridis")(
+                0.9 * lams.index(c.lam) / max(len(lams) - 1, 1))
             fig = _plot_loss_and_lrs(plt, ours_lam, ref_lam, lam_color, lambda c: f"λ={c.lam:g}",
                                      f"{head}: λ sensitivity ({tying})")
             written += _save(fig, out, f"fig4_lambda_{head}_{tying}")
@@ -761,11 +776,12 @@ def cmd_plot(args):
 # command line
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
+                                     allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", allow_abbrev=False,
-                              help="launch a grid of train.py runs (unknown options go to train.py)")
+                              help="launch a grid of train.py runs "
+                                   "(unknown options go to train.py)")
     run.add_argument("--grid", required=True, choices=tuple(GRIDS))
     run.add_argument("--sizes", nargs="+", help="model sizes (paper: 16M 29M 57M 109M 221M)")
     run.add_argument("--lrs", nargs="+", type=float, help="learning rates (paper: 3e-4 ... 3e-1)")
@@ -777,13 +793,17 @@ def parse_args(argv=None):
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
                                     "(each run gets --nproc_per_node of them)")
-    run.add_argument("--nproc_per_node", type=int, default=1, help="processes (GPUs) per run; >1 uses torchrun")
+    run.add_argument("--nproc_per_node", type=int, default=1,
+                     help="processes (GPUs) per run; >1 uses torchrun")
     run.add_argument("--nodes", type=int, default=1, help="slurm: nodes per run")
     run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
-                     help="slurm: extra #SBATCH options without the dashes, e.g. partition=gpu time=2-00:00:00")
-    run.add_argument("--array_limit", type=int, default=0, help="slurm: at most this many tasks at once (0: no limit)")
+                     help="slurm: extra #SBATCH options without the dashes, "
+                          "e.g. partition=gpu time=2-00:00:00")
+    run.add_argument("--array_limit", type=int, default=0,
+                     help="slurm: at most this many tasks at once (0: no limit)")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
-    run.add_argument("--dry_run", action="store_true", help="print the commands of the runs to do, run nothing")
+    run.add_argument("--dry_run", action="store_true",
+                     help="print the commands of the runs to do, run nothing")
     gather = commands.add_parser("collect", help="every summary.json under DIR -> DIR/results.csv")
     gather.add_argument("dir")
     gather.add_argument("--out", help="CSV path (default DIR/results.csv)")
@@ -793,11 +813,13 @@ def parse_args(argv=None):
         sub.add_argument("results", help="a results CSV (from collect, or the published runs)")
         sub.add_argument("--out", help="output folder (default: the CSV's folder)")
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
-                         help="divide the LRS sum by n_η − 1 (published tables) or n_η (Eq. 22)")
+                         help="divide the LRS sum by n_η − 1 (published tables) "
+                              "or n_η (Eq. 22)")
         sub.add_argument("--l0", type=float, help="loss at initialisation for every run "
                                                   "(default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
-            sub.add_argument("--reference", help="a CSV of the paper's runs to draw beside ours (dashed)")
+            sub.add_argument("--reference",
+                             help="a CSV of the paper's runs to draw beside ours (dashed)")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -24,55 +24,75 @@ REFERENCE = Path(__file__).resolve().parent / "data" / "oec_untied_runs.csv"
 TEXT = Path(__file__).resolve().parent / "assets" / "paradise_regained.txt"
 SIZES = ("16M", "29M", "57M", "109M", "221M")
 
-# Table 2 (untied), columns baseline, z-loss, μ-loss, μ-centering (soft-cap is not in the CSV)
+
+def paper_table(text):
+    """A table as printed in the paper (rows: size, then one value per column) -> {size: values}."""
+    return {line.split()[0]: tuple(line.split()[1:]) for line in text.strip().splitlines()}
+
+
+# Table 2 (untied): columns baseline, z-loss, μ-loss, μ-centering (soft-cap is not in the CSV)
 TABLE2_HEADS = ("baseline", "z_loss", "mu_loss", "mu_center")
-TABLE2_OPTIMAL_LOSS = {"16M": ("3.84", "3.84", "3.84", "3.84"), "29M": ("3.59", "3.58", "3.59", "3.58"),
-                       "57M": ("3.37", "3.37", "3.37", "3.37"), "109M": ("3.20", "3.20", "3.20", "3.20"),
-                       "221M": ("3.05", "3.05", "3.05", "3.05")}
-TABLE2_LRS = {"16M": ("0.306", "0.054", "0.031", "0.028"), "29M": ("0.391", "0.033", "0.027", "0.029"),
-              "57M": ("0.508", "0.235", "0.031", "0.041"), "109M": ("0.344", "0.118", "0.046", "0.051"),
-              "221M": ("0.412", "0.109", "0.056", "0.061")}
-# Table 3, columns λ = 1e-7, 1e-4, 1e-1, 1e2
+TABLE2 = {"optimal_loss": paper_table("""
+    16M  3.84 3.84 3.84 3.84
+    29M  3.59 3.58 3.59 3.58
+    57M  3.37 3.37 3.37 3.37
+    109M 3.20 3.20 3.20 3.20
+    221M 3.05 3.05 3.05 3.05"""), "lrs": paper_table("""
+    16M  0.306 0.054 0.031 0.028
+    29M  0.391 0.033 0.027 0.029
+    57M  0.508 0.235 0.031 0.041
+    109M 0.344 0.118 0.046 0.051
+    221M 0.412 0.109 0.056 0.061""")}
+# Table 3: columns λ = 1e-7, 1e-4, 1e-1, 1e2
 TABLE3_LAMS = (1e-7, 1e-4, 1e-1, 1e2)
-TABLE3 = {
-    ("mu_loss", "optimal_loss"): {"16M": ("3.84", "3.84", "3.84", "3.81"), "29M": ("3.59", "3.59", "3.58", "3.56"),
-                                  "57M": ("3.37", "3.37", "3.37", "3.36"), "109M": ("3.20", "3.20", "3.20", "3.20"),
-                                  "221M": ("3.05", "3.05", "3.05", "3.05")},
-    ("mu_loss", "lrs"): {"16M": ("0.182", "0.031", "0.031", "0.054"), "29M": ("0.052", "0.027", "0.034", "0.040"),
-                         "57M": ("0.110", "0.031", "0.038", "0.033"), "109M": ("0.125", "0.046", "0.048", "0.034"),
-                         "221M": ("0.129", "0.056", "0.056", "0.055")},
-    ("z_loss", "optimal_loss"): {"16M": ("3.84", "3.84", "3.83", "4.19"), "29M": ("3.59", "3.58", "3.57", "3.94"),
-                                 "57M": ("3.37", "3.37", "3.35", "3.79"), "109M": ("3.20", "3.20", "3.18", "3.64"),
-                                 "221M": ("3.05", "3.05", "3.03", "3.49")},
-    ("z_loss", "lrs"): {"16M": ("0.037", "0.054", "0.032", "1.156"), "29M": ("0.044", "0.033", "0.043", "1.780"),
-                        "57M": ("0.107", "0.235", "0.047", "1.392"), "109M": ("0.076", "0.118", "0.059", "2.150"),
-                        "221M": ("0.131", "0.109", "0.101", "2.166")},
-}
-DIGITS = {"optimal_loss": 2, "lrs": 3}
+TABLE3 = {("mu_loss", "optimal_loss"): paper_table("""
+    16M  3.84 3.84 3.84 3.81
+    29M  3.59 3.59 3.58 3.56
+    57M  3.37 3.37 3.37 3.36
+    109M 3.20 3.20 3.20 3.20
+    221M 3.05 3.05 3.05 3.05"""), ("mu_loss", "lrs"): paper_table("""
+    16M  0.182 0.031 0.031 0.054
+    29M  0.052 0.027 0.034 0.040
+    57M  0.110 0.031 0.038 0.033
+    109M 0.125 0.046 0.048 0.034
+    221M 0.129 0.056 0.056 0.055"""), ("z_loss", "optimal_loss"): paper_table("""
+    16M  3.84 3.84 3.83 4.19
+    29M  3.59 3.58 3.57 3.94
+    57M  3.37 3.37 3.35 3.79
+    109M 3.20 3.20 3.18 3.64
+    221M 3.05 3.05 3.03 3.49"""), ("z_loss", "lrs"): paper_table("""
+    16M  0.037 0.054 0.032 1.156
+    29M  0.044 0.033 0.043 1.780
+    57M  0.107 0.235 0.047 1.392
+    109M 0.076 0.118 0.059 2.150
+    221M 0.131 0.109 0.101 2.166""")}
+DIGITS = {"optimal_loss": 2, "lrs": 3}  # as printed
 
 
 def table_rows(out_dir):
     """table.csv as {(size, head, lam or None): row}."""
     with open(out_dir / "table.csv", newline="") as f:
-        return {(r["size"], r["head"], float(r["lam"]) if r["lam"] else None): r for r in csv.DictReader(f)}
+        return {(r["size"], r["head"], float(r["lam"]) if r["lam"] else None): r
+                for r in csv.DictReader(f)}
 
 
 @pytest.fixture(scope="module")
 def reference_tables(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     for mean in ("published", "literal"):
-        assert sweep.main(["table", str(REFERENCE), "--out", str(out / mean), "--lrs_mean", mean]) == 0
+        argv = ["table", str(REFERENCE), "--out", str(out / mean), "--lrs_mean", mean]
+        assert sweep.main(argv) == 0
     return out
 
 
 def test_reference_reproduces_table2(reference_tables):
     rows = table_rows(reference_tables / "published")
-    for size in SIZES:
-        for i, head in enumerate(TABLE2_HEADS):
-            row = rows[(size, head, 1e-4 if head in ("z_loss", "mu_loss") else None)]
-            assert f"{float(row['optimal_loss']):.2f}" == TABLE2_OPTIMAL_LOSS[size][i], (size, head)
-            assert f"{float(row['lrs']):.3f}" == TABLE2_LRS[size][i], (size, head)
-            assert row["tie"] == "false" and row["n_lrs"] == "7"
+    for column, table in TABLE2.items():
+        for size in SIZES:
+            for head, expected in zip(TABLE2_HEADS, table[size]):
+                row = rows[(size, head, 1e-4 if head in ("z_loss", "mu_loss") else None)]
+                assert f"{float(row[column]):.{DIGITS[column]}f}" == expected, (column, size, head)
+                assert row["tie"] == "false" and row["n_lrs"] == "7"
 
 
 def test_reference_reproduces_table3(reference_tables):
@@ -85,23 +105,25 @@ def test_reference_reproduces_table3(reference_tables):
 
 
 def test_literal_mean_is_six_sevenths_and_caption_says_which(reference_tables):
-    published, literal = table_rows(reference_tables / "published"), table_rows(reference_tables / "literal")
+    published = table_rows(reference_tables / "published")
+    literal = table_rows(reference_tables / "literal")
     assert published.keys() == literal.keys() and len(published) == 5 * 10
     for key, row in published.items():
         assert float(literal[key]["lrs"]) == pytest.approx(float(row["lrs"]) * 6 / 7, rel=1e-12)
-    assert "/ (n_η − 1), the published tables' rule" in (reference_tables / "published" / "table.md").read_text()
-    assert "/ n_η, Eq. 22 as written" in (reference_tables / "literal" / "table.md").read_text()
     markdown = (reference_tables / "published" / "table.md").read_text()
+    assert "/ (n_η − 1), the published tables' rule" in markdown
+    assert "/ n_η, Eq. 22 as written" in (reference_tables / "literal" / "table.md").read_text()
     assert "| 16M | 0.306 | 0.054 | 0.031 | **0.028** |" in markdown  # Table 2 (ii), best in bold
 
 
 def test_lrs_counts_diverged_and_worse_runs_as_l0():
-    rows = [dict(test_loss=3.0, diverged=False, l0=10.0), dict(test_loss=3.5, diverged=False, l0=10.0),
-            dict(test_loss=12.0, diverged=False, l0=10.0), dict(test_loss=math.nan, diverged=True, l0=10.0)]
+    rows = [dict(test_loss=loss, diverged=diverged, l0=10.0)
+            for loss, diverged in ((3.0, False), (3.5, False), (12.0, False), (math.nan, True))]
     capped = [sweep.capped_loss(r) for r in rows]
     assert capped == [3.0, 3.5, 10.0, 10.0]
     assert sweep.lr_sensitivity(capped) == pytest.approx((0.5 + 7.0 + 7.0) / 3, rel=1e-15)
-    assert sweep.lr_sensitivity(capped, "literal") == pytest.approx((0.5 + 7.0 + 7.0) / 4, rel=1e-15)
+    assert sweep.lr_sensitivity(capped, "literal") == pytest.approx((0.5 + 7.0 + 7.0) / 4,
+                                                                    rel=1e-15)
     assert math.isnan(sweep.lr_sensitivity([3.0]))  # one learning rate: no sensitivity to speak of
 
 
@@ -113,19 +135,23 @@ def test_grids_have_the_papers_sizes_and_folder_names():
             "57M_soft_cap_lr0.01_tie0_cap30", "29M_mu_center_lr0.1_tie1"} <= names
     lam = sweep.expand_grid("lambda")
     assert len(lam) == 4 * 2 * 7 * 5 and not any(run.tie for run in lam)
-    assert {run.lam for run in lam} == {1e-7, 1e-4, 1e-1, 1e2} and {run.head for run in lam} == {"z_loss", "mu_loss"}
+    assert {run.lam for run in lam} == {1e-7, 1e-4, 1e-1, 1e2}
+    assert {run.head for run in lam} == {"z_loss", "mu_loss"}
     narrowed = sweep.expand_grid("paper", sizes=["16M"], lrs=[1e-3], ties=[False])
     assert sorted(run.name for run in narrowed) == sorted(
-        ["16M_baseline_lr0.001_tie0", "16M_soft_cap_lr0.001_tie0_cap30", "16M_z_loss_lr0.001_tie0_lam0.0001",
-         "16M_mu_loss_lr0.001_tie0_lam0.0001", "16M_mu_center_lr0.001_tie0"])
+        ["16M_baseline_lr0.001_tie0", "16M_soft_cap_lr0.001_tie0_cap30",
+         "16M_z_loss_lr0.001_tie0_lam0.0001", "16M_mu_loss_lr0.001_tie0_lam0.0001",
+         "16M_mu_center_lr0.001_tie0"])
     assert narrowed[0].train_args() == ["--size", "16M", "--head", "baseline", "--lr", "0.001"]
     assert sweep.Run("tiny", "z_loss", 0.01, True, lam=0.1).train_args() == [
         "--size", "tiny", "--head", "z_loss", "--lr", "0.01", "--tie", "--lam", "0.1"]
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--out", "x"], "--grid custom needs --heads"),
-    (["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--heads", "zloss", "--out", "x"],
+    (["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--out", "x"],
+     "--grid custom needs --heads"),
+    (["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--heads", "zloss",
+      "--out", "x"],
      "unknown head 'zloss'; choose from baseline, soft_cap, z_loss, mu_loss, mu_center"),
     (["run", "--grid", "paper", "--out", "x", "--lr", "1e-3"], "--lr is set per run by the sweep"),
     (["run", "--grid", "paper", "--out", "x", "--gpus", "0,1,2", "--nproc_per_node", "2"],
@@ -143,8 +169,9 @@ def test_bad_input_gives_one_clear_sentence(argv, message, tmp_path):
 def test_unknown_grid_is_refused(capsys):
     with pytest.raises(SystemExit):
         sweep.main(["run", "--grid", "huge", "--out", "x"])
-    assert "invalid choice: 'huge' (choose from 'paper', 'lambda', 'custom')" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown grid 'huge'; choose one of paper, lambda, custom"):
+    error = capsys.readouterr().err
+    assert "invalid choice: 'huge' (choose from 'paper', 'lambda', 'custom')" in error
+    with pytest.raises(ValueError, match="unknown grid 'huge'; choose one of paper, lambda, "):
         sweep.expand_grid("huge")
 
 
@@ -154,29 +181,31 @@ def test_table_refuses_csv_without_a_column_or_without_rows(tmp_path):
     header = lines[0].split(",")
     drop = header.index("test_loss")
     cut = tmp_path / "cut.csv"
-    cut.write_text("\n".join(",".join(c for i, c in enumerate(l.split(",")) if i != drop) for l in lines) + "\n")
-    with pytest.raises(SystemExit, match=r"cut.csv has no column test_loss; a results CSV needs size, lr, head"):
+    cut.write_text("".join(",".join(c for i, c in enumerate(line.split(",")) if i != drop) + "\n"
+                           for line in lines))
+    with pytest.raises(SystemExit, match=r"cut.csv has no column test_loss; a results CSV "
+                                         r"needs size, lr, head"):
         sweep.main(["table", str(cut)])
     empty = tmp_path / "empty.csv"
     empty.write_text(lines[0] + "\n")
-    with pytest.raises(SystemExit, match="empty.csv holds no results; run the sweep and collect it first"):
+    with pytest.raises(SystemExit, match="empty.csv holds no results; run the sweep and "):
         sweep.main(["table", str(empty)])
     assert not (tmp_path / "table.md").exists()
 
 
 # ---- run folders made by hand -----------------------------------------------------------------
 
-def write_run(root, size, head, lr, val_loss, init_loss=10.8, diverged=False, lam=None, time_s=100.0):
+def write_run(root, size, head, lr, val_loss, init_loss=10.8, diverged=False, lam=None,
+              time_s=100.0):
     """A finished run folder as train.py leaves it (DESIGN.md's summary.json)."""
-    run = sweep.Run(size, head, lr, False, lam)
-    folder = root / run.name
+    folder = root / sweep.Run(size, head, lr, False, lam).name
     folder.mkdir(parents=True)
-    summary = {"head": head, "size": size, "lr": lr, "tie": False, "lam": lam, "cap": None, "steps": 50,
-               "tokens": 6400, "val_loss": None if diverged else val_loss, "diverged": diverged,
-               "init_loss": init_loss, "logit_mean": None if diverged else -1.5 * lr * 100,
-               "logit_std": None if diverged else 2.0, "logit_absmax": None if diverged else 9.0 + lr,
-               "log2Z": None if diverged else 40.0, "mu_norm": 0.0 if head == "mu_center" else 3.0 * lr * 100,
-               "train_time_s": time_s}
+    logits = dict(logit_mean=-150 * lr, logit_std=2.0, logit_absmax=9.0 + lr, log2Z=40.0)
+    summary = {"head": head, "size": size, "lr": lr, "tie": False, "lam": lam, "cap": None,
+               "steps": 50, "tokens": 6400, "val_loss": None if diverged else val_loss,
+               "diverged": diverged, "init_loss": init_loss,
+               **{k: None if diverged else v for k, v in logits.items()},
+               "mu_norm": 0.0 if head == "mu_center" else 300 * lr, "train_time_s": time_s}
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
@@ -204,9 +233,10 @@ def test_collect_writes_one_row_per_finished_run(hand_made_runs):
     diverged = by_run["tiny_baseline_lr0.1_tie0"]
     assert (diverged["diverged"], diverged["test_loss"], diverged["logit_std"]) == ("true", "", "")
     best = by_run["tiny_baseline_lr0.01_tie0"]
-    assert (float(best["lr"]), float(best["test_loss"]), float(best["init_loss"])) == (1e-2, 5.5, 10.7)
-    assert (best["size"], best["head"], best["tie"], best["lam"], best["diverged"]) == ("tiny", "baseline", "false", "", "false")
-    assert float(best["mean_log2Z"]) == 40.0 and float(best["mu_norm"]) == pytest.approx(3.0, rel=1e-12)
+    assert [float(best[k]) for k in ("lr", "test_loss", "init_loss")] == [1e-2, 5.5, 10.7]
+    assert [best[k] for k in ("size", "head", "tie", "lam", "diverged")] == [
+        "tiny", "baseline", "false", "", "false"]
+    assert float(best["mean_log2Z"]) == 40.0 and float(best["mu_norm"]) == 300 * 1e-2
     assert not list(hand_made_runs.glob(".*tmp*"))  # the temp file was renamed, not left behind
 
 
@@ -220,7 +250,8 @@ def test_table_of_hand_made_runs(hand_made_runs):
     assert float(base["lrs"]) == pytest.approx((0.5 + 0.0 + 5.3) / 2, rel=1e-12)
     assert float(centred["lrs"]) == pytest.approx((0.5 + 0.0 + 0.3) / 2, rel=1e-12)
     # time: mean over runs that did not diverge, 104 s vs the baseline's 100 s
-    assert float(centred["extra_time"]) == pytest.approx(0.04, rel=1e-12) and float(base["extra_time"]) == 0.0
+    assert float(centred["extra_time"]) == pytest.approx(0.04, rel=1e-12)
+    assert float(base["extra_time"]) == 0.0
     markdown = (hand_made_runs / "table.md").read_text()
     assert "| tiny | 2.900 | **0.400** |" in markdown and "| tiny | 0.0% | 4.0% |" in markdown
 
@@ -228,7 +259,8 @@ def test_table_of_hand_made_runs(hand_made_runs):
 def test_plot_writes_png_and_pdf_beside_the_paper(hand_made_runs, tmp_path):
     sweep.main(["collect", str(hand_made_runs)])
     reference = tmp_path / "paper_16M.csv"  # one size of the paper keeps the figure quick to draw
-    reference.write_text("".join(l for l in REFERENCE.read_text().splitlines(True) if not l[0].isdigit() or l.startswith("16M,")))
+    lines = REFERENCE.read_text().splitlines(True)
+    reference.write_text(lines[0] + "".join(line for line in lines if line.startswith("16M,")))
     out = tmp_path / "figures"
     assert sweep.main(["plot", str(hand_made_runs / "results.csv"), "--reference", str(reference),
                        "--out", str(out)]) == 0
@@ -243,7 +275,8 @@ def test_plot_writes_png_and_pdf_beside_the_paper(hand_made_runs, tmp_path):
 def fake_slurm_bin(folder):
     """srun, scontrol and torchrun stand-ins: torchrun writes its arguments, one per line."""
     folder.mkdir()
-    scripts = {"srun": '#!/bin/sh\nshift\nexec "$@"\n', "scontrol": "#!/bin/sh\necho node-a\necho node-b\n",
+    scripts = {"srun": '#!/bin/sh\nshift\nexec "$@"\n',  # drops its --ntasks-per-node=1
+               "scontrol": "#!/bin/sh\necho node-a\necho node-b\n",
                "torchrun": '#!/bin/sh\nprintf "%s\\n" "$@" > "$TORCHRUN_ARGS"\n'}
     for name, text in scripts.items():
         (folder / name).write_text(text)
@@ -254,8 +287,9 @@ def fake_slurm_bin(folder):
 def test_slurm_script_is_an_array_of_one_torchrun_per_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep"
     write_run(out, "16M", "baseline", 1e-3, 3.9)  # finished: not in the array
-    argv = ["run", "--grid", "custom", "--sizes", "16M", "29M", "--lrs", "1e-3", "1e-2", "--heads", "baseline",
-            "mu_loss", "--lams", "0.1", "--out", str(out), "--launcher", "slurm", "--nproc_per_node", "4",
+    argv = ["run", "--grid", "custom", "--sizes", "16M", "29M", "--lrs", "1e-3", "1e-2",
+            "--heads", "baseline", "mu_loss", "--lams", "0.1", "--out", str(out),
+            "--launcher", "slurm", "--nproc_per_node", "4",
             "--sbatch", "partition=gpu", "time=1-00:00:00", "--steps", "2000", "--data", "my data"]
     assert sweep.main(argv) == 0
     [script] = (out / "slurm").glob("sweep_*.sbatch")
@@ -265,7 +299,8 @@ def test_slurm_script_is_an_array_of_one_torchrun_per_run(tmp_path, monkeypatch,
     assert len(lines) == 7  # 2 sizes × 2 heads × 2 lrs, less the finished one
     assert "#SBATCH --array=0-6\n" in text and "#SBATCH --gpus-per-node=4\n" in text
     assert "#SBATCH --partition=gpu\n" in text and "#SBATCH --time=1-00:00:00\n" in text
-    assert len([line for line in text.splitlines() if "torchrun " in line and not line.startswith("#")]) == 1
+    commands = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len([line for line in commands if "torchrun " in line]) == 1
     assert f"RUN_LIST={run_list}" in text and "--nproc_per_node=4" in text
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert not any("16M_baseline_lr0.001_tie0" in line for line in lines)
@@ -274,19 +309,22 @@ def test_slurm_script_is_an_array_of_one_torchrun_per_run(tmp_path, monkeypatch,
     task_dir.mkdir()
     (task_dir / "ckpt.pt").write_bytes(b"")
     bin_dir = fake_slurm_bin(tmp_path / "bin")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_JOB_ID="7",
-               SLURM_JOB_NODELIST="node-[a-b]", SLURM_JOB_NUM_NODES="2", TORCHRUN_ARGS=str(tmp_path / "args"))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1",
+               SLURM_ARRAY_JOB_ID="7", SLURM_JOB_NODELIST="node-[a-b]", SLURM_JOB_NUM_NODES="2",
+               TORCHRUN_ARGS=str(tmp_path / "args"))
     subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True)
     args = (tmp_path / "args").read_text().splitlines()
-    assert args[:5] == ["--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d", "--rdzv_endpoint=node-a:29501",
-                        "--rdzv_id=7_1"]
+    assert args[:5] == ["--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d",
+                        "--rdzv_endpoint=node-a:29501", "--rdzv_id=7_1"]
     assert args[5] == str(sweep.TRAIN_PY)
-    assert args[6:] == ["--size", "16M", "--head", "mu_loss", "--lr", "0.001", "--lam", "0.1", "--steps", "2000",
-                        "--data", "my data", "--out_dir", str(task_dir), "--resume"]
+    assert args[6:] == ["--size", "16M", "--head", "mu_loss", "--lr", "0.001", "--lam", "0.1",
+                        "--steps", "2000", "--data", "my data", "--out_dir", str(task_dir),
+                        "--resume"]
     # --submit needs sbatch; without it the message says what to run instead
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    with pytest.raises(SystemExit, match="sbatch was not found on PATH, so nothing was submitted; on a SLURM "
-                                         "login node run: sbatch .*sweep_.*\\.sbatch"):
+    with pytest.raises(SystemExit, match="sbatch was not found on PATH, so nothing was "
+                                         "submitted; on a SLURM login node run: sbatch "
+                                         ".*sweep_.*\\.sbatch"):
         sweep.main(argv + ["--submit"])
 
 
@@ -296,8 +334,8 @@ def test_local_commands_resume_and_pin_gpus(tmp_path, capsys):
     interrupted = out / "tiny_baseline_lr0.01_tie0"
     interrupted.mkdir()
     (interrupted / "ckpt.pt").write_bytes(b"")
-    argv = ["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "1e-2", "1e-1", "--heads", "baseline",
-            "--out", str(out), "--dry_run", "--device", "cpu"]
+    argv = ["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "1e-2", "1e-1",
+            "--heads", "baseline", "--out", str(out), "--dry_run", "--device", "cpu"]
     assert sweep.main(argv) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "sweep: 3 runs in the grid, 1 finished, 2 to do"
@@ -329,33 +367,39 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "data.py"), "text", str(TEXT), "--out", str(shards)],
                    check=True, capture_output=True, env=env)
     out = tmp_path / "sweep"
-    command = [sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3",
-               "1e-2", "--heads", "baseline", "mu_center", "--out", str(out), "--gpus", "0,1",
-               "--device", "cpu", "--data", str(shards), "--steps", "10", "--warmup", "2", "--batch_size", "2",
-               "--micro_batch", "2", "--seq_len", "32", "--eval_tokens", "256", "--stat_tokens", "256",
-               "--log_every", "1", "--save_every", "1"]
-    names = [run.name for run in sweep.expand_grid("custom", ["tiny"], [1e-3, 1e-2], ["baseline", "mu_center"])]
+    # --gpus 0,1: two runs at once, each with its own log file (CUDA_VISIBLE_DEVICES is moot on CPU)
+    command = [sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "custom",
+               "--sizes", "tiny", "--lrs", "1e-3", "1e-2", "--heads", "baseline", "mu_center",
+               "--out", str(out), "--gpus", "0,1",
+               "--device", "cpu", "--data", str(shards), "--steps", "10", "--warmup", "2",
+               "--batch_size", "2", "--micro_batch", "2", "--seq_len", "32",
+               "--eval_tokens", "256", "--stat_tokens", "256", "--log_every", "1",
+               "--save_every", "1"]
+    grid = sweep.expand_grid("custom", ["tiny"], [1e-3, 1e-2], ["baseline", "mu_center"])
+    names = [run.name for run in grid]
 
     def state():
         finished = [n for n in names if (out / n / "summary.json").exists()]
         midway = [n for n in names if (out / n / "ckpt.pt").exists() and n not in finished]
         return finished, midway
 
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                             start_new_session=True)
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env, start_new_session=True)
     while first.poll() is None and not (state()[0] and state()[1]):
         time.sleep(0.02)
-    assert first.poll() is None, "the sweep ended before it could be interrupted:\n" + first.stdout.read()
+    assert first.poll() is None, "the sweep ended too soon:\n" + first.stdout.read()
     os.killpg(first.pid, signal.SIGINT)  # Ctrl-C: the sweep and its train.py runs
     output = first.communicate(timeout=60)[0]
-    assert first.returncode == 130 and "sweep: interrupted; run the same command again to resume" in output
+    assert first.returncode == 130
+    assert "sweep: interrupted; run the same command again to resume" in output
     finished, midway = state()
     summaries = {n: (out / n / "summary.json").read_bytes() for n in finished}
     mtimes = {n: (out / n / "summary.json").stat().st_mtime_ns for n in finished}
 
     second = subprocess.run(command, capture_output=True, text=True, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert f"sweep: 4 runs in the grid, {len(finished)} finished, {4 - len(finished)} to do" in second.stdout
+    done = len(finished)
+    assert f"sweep: 4 runs in the grid, {done} finished, {4 - done} to do" in second.stdout
     restarted = started(second.stdout)
     assert set(restarted) == set(names) - set(finished)  # finished runs are not repeated
     assert all(restarted[n] for n in midway)  # runs with a checkpoint resume from it
@@ -366,12 +410,14 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     third = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     assert "4 finished, 0 to do" in third.stdout and not started(third.stdout)
 
-    for step in (["collect", str(out)], ["table", str(out / "results.csv")], ["plot", str(out / "results.csv")]):
-        assert sweep.main(step) == 0
+    results_csv = str(out / "results.csv")
+    for argv in (["collect", str(out)], ["table", results_csv], ["plot", results_csv]):
+        assert sweep.main(argv) == 0
     with open(out / "results.csv", newline="") as f:
         results = list(csv.DictReader(f))
     assert sorted(r["run"] for r in results) == sorted(names)
-    assert all(r["diverged"] == "false" and float(r["test_loss"]) < float(r["init_loss"]) for r in results)
+    assert all(r["diverged"] == "false" for r in results)
+    assert all(float(r["test_loss"]) < float(r["init_loss"]) for r in results)
     assert all(abs(float(r["init_loss"]) - math.log(50304)) < 0.5 for r in results)
     mu_center = [r for r in results if r["head"] == "mu_center"]
     assert all(float(r["mu_norm"]) < 1e-4 for r in mu_center)
@@ -379,7 +425,8 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     for head in ("baseline", "mu_center"):
         losses = [float(r["test_loss"]) for r in results if r["head"] == head]
         assert float(rows[("tiny", head, None)]["optimal_loss"]) == min(losses)
-        assert float(rows[("tiny", head, None)]["lrs"]) == pytest.approx(max(losses) - min(losses), rel=1e-12)
+        assert float(rows[("tiny", head, None)]["lrs"]) == pytest.approx(max(losses) - min(losses),
+                                                                         rel=1e-12)
     assert "| N | baseline | mu_center |" in (out / "table.md").read_text()
     for stem in ("fig2_loss_lrs_untied", "fig3_logits_untied"):
         assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.pdf").exists()
