@@ -26,6 +26,16 @@ LOG_KEYS = {"step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean"
             "logit_absmax", "log2Z", "tok_per_s", "mfu"}
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster than on two when other processes
+    share the two cores (OpenMP threads then wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def text_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("text")
@@ -59,7 +69,8 @@ def read_summary(out_dir):
 def run_script(args, **env):
     """python ARGS in a subprocess that finds the project's modules."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                               **env})
 
 
 # ---------------------------------------------------------------------------------------------
