@@ -52,6 +52,8 @@ DEFAULTS = dict(
     trivial_size="tiny",
     trivial_steps=300,
     trivial_tokens=400_000,
+    trivial_batch=16,
+    trivial_train=("--lr", "3e-3", "--eval_every", "0", "--log_every", "50", "--save_every", "1000"),
 )
 
 
@@ -650,31 +652,55 @@ def run_trivial(args) -> dict:
     seq_len times) learned at a fixed width over growing vocabularies V.
 
     Inside a sequence the next token is certain; only the last target of each row starts a new
-    sequence, uniform over ~V tokens. So the best possible loss is ln(V)/seq_len, chance is
+    sequence, uniform over ~V tokens. So the best possible loss is ln(V)/seq_len and chance is
     ln V. Each V gets its own data (data.py synthetic) and run (train.py), both skipped when
-    already there, so an interrupted sweep resumes."""
+    already there, so an interrupted sweep resumes. A fixed number of steps means that a token
+    occurs in about steps·batch/V sequences: the table says so (seqs_per_token)."""
     here, out = Path(__file__).resolve().parent, Path(args.out)
+    batch = args.batch_size
+    per_step = batch * args.seq_len
+    eval_steps = min(16, int(args.trivial_tokens * data.VAL_FRACTION - 1) // per_step)
+    if eval_steps < 1:
+        raise ValueError(f"--trivial_tokens {args.trivial_tokens} leaves less than one batch of "
+                         f"{per_step} validation tokens; raise it to at least {11 * per_step}.")
+    eval_tokens = eval_steps * per_step
+    train_settings = [*DEFAULTS["trivial_train"], "--batch_size", batch, "--micro_batch", batch,
+                      "--eval_tokens", eval_tokens, "--stat_tokens", eval_tokens,
+                      "--warmup", max(1, args.steps // 10), *(["--tie"] if args.tie else []),
+                      *args.train_args]  # train.py's argparse: a repeated option's last value wins
     rows = []
     for V in args.vocabs:
-        data_dir, run_dir = out / f"repeat_V{V}", out / f"{args.size}_V{V}"
+        data_dir = out / f"repeat_V{V}_T{args.seq_len}"
+        run_dir = out / f"{args.size}_{args.head}_tie{int(args.tie)}_V{V}"
         if not list(data_dir.glob("*val*.bin")):
-            subprocess.run([sys.executable, str(here / "data.py"), "synthetic", "--task", "repeat",
-                            "--vocab", str(V), "--tokens", str(args.trivial_tokens), "--seq_len",
-                            str(args.seq_len), "--out", str(data_dir), "--seed", str(args.seed)], check=True)
+            run_script(here / "data.py", "synthetic", "--task", "repeat", "--vocab", V,
+                       "--tokens", args.trivial_tokens, "--seq_len", args.seq_len,
+                       "--out", data_dir, "--seed", args.seed)
         if not (run_dir / "summary.json").is_file():
-            subprocess.run([sys.executable, str(here / "train.py"), "--size", args.size, "--head", args.head,
-                            "--vocab_size", str(V), "--data", str(data_dir), "--out_dir", str(run_dir),
-                            "--steps", str(args.steps), "--seq_len", str(args.seq_len), "--device", args.device,
-                            "--seed", str(args.seed), *args.train_args], check=True)
+            run_script(here / "train.py", "--size", args.size, "--head", args.head,
+                       "--vocab_size", V, "--data", data_dir, "--out_dir", run_dir,
+                       "--steps", args.steps, "--seq_len", args.seq_len, "--device", args.device,
+                       "--seed", args.seed, *train_settings)
         summary = json.loads((run_dir / "summary.json").read_text())
-        rows.append(dict(vocab=V, val_loss=summary["val_loss"], chance=math.log(V),
-                         floor=math.log(V) / args.seq_len, diverged=summary["diverged"]))
-    print_table([tuple(r.values()) for r in rows], tuple(rows[0]),
-                f"trivial: repeat task, size {args.size}, {args.steps} steps, seq_len {args.seq_len}; "
-                "floor = ln(V)/seq_len is the best possible loss, chance = ln V")
+        rows.append(dict(vocab=V, val_loss=summary["val_loss"], init_loss=summary["init_loss"],
+                         chance=math.log(V), floor=math.log(V) / args.seq_len,
+                         seqs_per_token=args.steps * batch / V, diverged=summary["diverged"]))
+    print_table([list(r.values()) for r in rows], list(rows[0]),
+                f"trivial: repeat task, size {args.size} (D = {model.SIZES[args.size]['n_embd']}), "
+                f"head {args.head}, tie {args.tie}, {args.steps} steps of {batch} sequences of "
+                f"{args.seq_len}; floor = ln(V)/seq_len is the best possible loss, chance = ln V")
     if args.plot:
-        plot_trivial(rows, args.size, args.plot)
-    return dict(size=args.size, steps=args.steps, seq_len=args.seq_len, runs=rows)
+        plot_trivial(rows, f"{args.size}, tie {args.tie}", args.plot)
+    return dict(size=args.size, head=args.head, tie=args.tie, steps=args.steps,
+                seq_len=args.seq_len, runs=rows)
+
+
+def run_script(script: Path, *argv) -> None:
+    """Run a project script in its own Python process; a failure ends this command."""
+    done = subprocess.run([sys.executable, str(script), *map(str, argv)])
+    if done.returncode:
+        raise ValueError(f"{script.name} failed with exit code {done.returncode}; "
+                         "its message is printed above.")
 
 
 COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck, tying=run_tying,
@@ -690,7 +716,7 @@ def describe(args, cfg: dict, step: int) -> str:
 
 def format_cell(value) -> str:
     if isinstance(value, bool):
-        return "yes" if value else "NO"
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -831,8 +857,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     trivial.add_argument("--vocabs", type=positive_int, nargs="+", default=list(DEFAULTS["trivial_vocabs"]))
     trivial.add_argument("--size", choices=list(model.SIZES), default=DEFAULTS["trivial_size"])
     trivial.add_argument("--head", choices=heads.HEADS, default=DEFAULTS["head"])
+    trivial.add_argument("--tie", action="store_true", help="tied embeddings")
     trivial.add_argument("--steps", type=positive_int, default=DEFAULTS["trivial_steps"])
     trivial.add_argument("--seq_len", type=positive_int, default=64)
+    trivial.add_argument("--batch_size", type=positive_int, default=DEFAULTS["trivial_batch"])
     trivial.add_argument("--trivial_tokens", type=positive_int, default=DEFAULTS["trivial_tokens"])
     trivial.add_argument("--train_args", nargs=argparse.REMAINDER, default=[],
                          help="everything after this goes to train.py as is (e.g. --lr 3e-3)")
@@ -849,7 +877,7 @@ def main(argv=None) -> dict:
             raise ValueError(f"--device {args.device} was asked for but no CUDA device is available; "
                              "use --device cpu.")
         result = COMMANDS[args.command](args)
-    except (FileNotFoundError, ValueError, subprocess.CalledProcessError) as err:
+    except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"analyze.py {args.command}: error: {err}") from None
     if args.json:
         write_json(args.json, result)
