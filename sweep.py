@@ -86,6 +86,7 @@ HEAD_COLORS = {"baseline": "tab:gray", "soft_cap": "tab:orange", "z_loss": "tab:
 SOLID = dict(ls="-", marker="o", ms=4)  # our runs
 DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with --reference
 POLL_S = 0.2  # how often the local launcher looks for finished runs
+USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 
 
 # -----------------------------------------------------------------------------
@@ -214,6 +215,13 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                 print(f"sweep: {status} {run.name} in {time.time() - started:.0f} s", flush=True)
                 if not ok:
                     failed.append(run.name)
+                if proc.returncode == USAGE_ERROR and pending:
+                    # the options every run shares are wrong: the other runs would fail alike
+                    output = log.name if log else "see above"
+                    print(f"sweep: train.py refused its command line ({output}); the other "
+                          f"{len(pending)} runs were not started", flush=True)
+                    failed += [run.name for run in pending]
+                    pending.clear()
     except KeyboardInterrupt:
         for proc, (_, _, log, _) in running.items():
             proc.terminate()

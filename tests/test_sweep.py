@@ -347,6 +347,42 @@ def test_local_commands_resume_and_pin_gpus(tmp_path, capsys):
     assert sweep.gpu_slots("4,5,6", 1) == ["4", "5", "6"]
 
 
+FAKE_TRAIN = """import json, pathlib, sys
+args = sys.argv[1:]
+if "--bogus" in args:  # what argparse does with an unknown option
+    print("train.py: error: unrecognized arguments: --bogus", file=sys.stderr)
+    sys.exit(2)
+if float(args[args.index("--lr") + 1]) > 0.05:
+    sys.exit(1)  # a crash: no summary.json
+out = pathlib.Path(args[args.index("--out_dir") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "summary.json").write_text(json.dumps(args))
+"""
+
+
+def test_local_launcher_reports_failures_and_stops_on_bad_options(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "train.py"  # stands in for train.py: quick, and fails on demand
+    fake.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(sweep, "TRAIN_PY", fake)
+    out = tmp_path / "sweep"
+    argv = ["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "1e-1", "--heads",
+            "baseline", "mu_center", "--out", str(out), "--gpus", "0,1"]
+    assert sweep.main(argv) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("sweep: done ") == 2 and printed.count("sweep: FAILED (exit 1) ") == 2
+    assert ("2 runs failed (tiny_baseline_lr0.1_tie0, tiny_mu_center_lr0.1_tie0); run the same "
+            "command again to retry them") in printed
+    assert sorted(p.parent.name for p in out.glob("*/summary.json")) == [
+        "tiny_baseline_lr0.001_tie0", "tiny_mu_center_lr0.001_tie0"]
+    assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
+        f"{name}.log" for name in ("tiny_baseline_lr0.001_tie0", "tiny_baseline_lr0.1_tie0",
+                                   "tiny_mu_center_lr0.001_tie0", "tiny_mu_center_lr0.1_tie0"))
+    assert sweep.main(argv[:-2] + ["--bogus"]) == 1  # one slot: the first refusal stops the sweep
+    printed = capsys.readouterr().out
+    assert printed.count("sweep: start ") == 1
+    assert "train.py refused its command line (see above); the other 1 runs were not started" in printed
+
+
 # ---- a tiny sweep on CPU, end to end ----------------------------------------------------------
 
 def started(output):
