@@ -395,8 +395,9 @@ def collect(run_root, out_csv=None):
 # -----------------------------------------------------------------------------
 # results: read a CSV and reduce it per (tying, head, λ, c, size) over the learning rates
 
-def _float(text):
-    return float(text) if text not in ("", None) else math.nan
+def _number(text, empty=math.nan):
+    """A CSV cell as a float; an empty cell (or a missing column) gives `empty`."""
+    return float(text) if text not in ("", None) else empty
 
 
 def boolean(text):
@@ -406,11 +407,7 @@ def boolean(text):
     return value in ("true", "1")
 
 
-def _optional(text):
-    return float(text) if text not in ("", None) else None
-
-
-def read_results(path, l0=None):
+def read_results(path, l0=None, columns=TABLE_COLUMNS):
     """The rows of a results CSV (ours or the published one) with types and each run's L₀.
 
     λ and c are filled in with the paper's defaults where a head uses them and the CSV leaves
@@ -422,10 +419,10 @@ def read_results(path, l0=None):
                                 f"`python sweep.py collect DIR`")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in TABLE_COLUMNS if c not in (reader.fieldnames or [])]
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path} has no column {', '.join(missing)}; a results CSV needs "
-                             f"{', '.join(TABLE_COLUMNS)}")
+            raise ValueError(f"{path} has no column {', '.join(missing)}; this needs "
+                             f"{', '.join(columns)} (as `sweep.py collect` writes them)")
         rows = []
         for line, raw in enumerate(reader, start=2):
             try:
@@ -440,14 +437,14 @@ def read_results(path, l0=None):
 def _typed_row(raw, l0):
     row = dict(raw)
     head = row["head"]
-    row.update(lr=float(row["lr"]), tie=boolean(row["tie"]), test_loss=_float(row["test_loss"]),
-               train_time_s=_float(row["train_time_s"]),
+    row.update(lr=float(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
+               train_time_s=_number(row["train_time_s"]),
                diverged=boolean(row.get("diverged") or "false"))
-    lam, cap = _optional(row.get("lam")), _optional(row.get("cap"))
+    lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if head in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if head == "soft_cap" else None
     for name, _ in METRICS:
-        row[name] = _float(row.get(name))
+        row[name] = _number(row.get(name))
     row["l0"] = _initial_loss(row, l0)
     return row
 
@@ -456,7 +453,7 @@ def _initial_loss(row, l0):
     """L₀: --l0 if given, else the run's own init_loss, else the paper's value for its size."""
     if l0 is not None:
         return l0
-    own = _float(row.get("init_loss"))
+    own = _number(row.get("init_loss"))
     if math.isfinite(own):
         return own
     if row["size"] in L0_BY_SIZE:
@@ -742,10 +739,6 @@ def make_figures(cells, ref_cells, out):
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
-    missing = [m for m, _ in METRICS if all(not math.isfinite(r[m]) for c in cells for r in c.rows)]
-    if missing:
-        raise ValueError(f"the results have no {', '.join(missing)} values, which Fig. 3 plots; "
-                         f"use a CSV written by `sweep.py collect`")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -772,8 +765,10 @@ def make_figures(cells, ref_cells, out):
 
 
 def cmd_plot(args):
-    cells = reduce_runs(read_results(args.results, args.l0), args.lrs_mean)
-    ref_cells = reduce_runs(read_results(args.reference), args.lrs_mean) if args.reference else []
+    columns = TABLE_COLUMNS + tuple(name for name, _ in METRICS)  # Fig. 3 needs the metrics
+    cells = reduce_runs(read_results(args.results, args.l0, columns), args.lrs_mean)
+    ref_cells = (reduce_runs(read_results(args.reference, columns=columns), args.lrs_mean)
+                 if args.reference else [])
     out = Path(args.out) if args.out else Path(args.results).parent
     for path in make_figures(cells, ref_cells, out):
         print(f"sweep: wrote {path}")

@@ -183,9 +183,11 @@ def test_table_refuses_csv_without_a_column_or_without_rows(tmp_path):
     cut = tmp_path / "cut.csv"
     cut.write_text("".join(",".join(c for i, c in enumerate(line.split(",")) if i != drop) + "\n"
                            for line in lines))
-    with pytest.raises(SystemExit, match=r"cut.csv has no column test_loss; a results CSV "
-                                         r"needs size, lr, head"):
+    with pytest.raises(SystemExit, match=r"cut.csv has no column test_loss; this needs size, lr, "):
         sweep.main(["table", str(cut)])
+    with pytest.raises(SystemExit, match=r"cut.csv has no column test_loss; this needs .*, "
+                                         r"logit_mean, logit_std, mu_norm, logit_absmax \(as"):
+        sweep.main(["plot", str(cut)])
     empty = tmp_path / "empty.csv"
     empty.write_text(lines[0] + "\n")
     with pytest.raises(SystemExit, match="empty.csv holds no results; run the sweep and "):
