@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--head", default="baseline", choices=heads.HEADS, help="LM-head variant (heads.py)")
     a("--lr", type=positive_float, default=3e-3, help="peak learning rate η (paper: 3e-4 … 3e-1)")
     a("--tie", action="store_true", help="tie the input and output embeddings")
-    a("--lam", type=float, default=None, help="λ of z_loss / mu_loss (unset: heads.py's 1e-4)")
-    a("--cap", type=float, default=None, help="c of soft_cap (unset: heads.py's 30)")
+    a("--lam", type=float, default=None, help="λ of z_loss / mu_loss; None = heads.py's 1e-4")
+    a("--cap", type=float, default=None, help="c of soft_cap; None = heads.py's 30")
     a("--vocab_size", type=positive_int, default=50304, help="V (GPT-2's 50257, padded)")
     a("--steps", type=positive_int, default=100_000, help="optimizer steps")
     a("--warmup", type=non_negative_int, default=5000, help="steps of linear warmup")
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
     a("--compile", action=argparse.BooleanOptionalAction, default=None,
-      help="torch.compile the model (default: on CUDA only)")
+      help="torch.compile the model; None = on CUDA only")
     return p
 
 
@@ -168,6 +168,7 @@ def init_distributed(args) -> Dist:
     if world_size == 1:
         device = torch.device(args.device)
         if device.type == "cuda":
+            device = torch.device("cuda", device.index or 0)  # "cuda" means the first GPU
             torch.cuda.set_device(device)
         return Dist(0, 0, 1, device)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
@@ -524,7 +525,8 @@ def format_duration(seconds: float) -> str:
 
 
 def main(argv=None) -> GPT:
-    """Train one run as the command line says; returns the trained (unwrapped) model."""
+    """Train one run as the command line says. Returns the trained (unwrapped) model, or None
+    when --resume finds the run already finished."""
     args = parse_args(argv)
     ctx = init_distributed(args)
     try:

@@ -50,6 +50,21 @@ def markov_data(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def fineweb_mirror(markov_data, tmp_path_factory):
+    """A local HTTP server standing in for Hugging Face: the Markov shards under FineWeb's
+    names. Yields the URL for $FINEWEB_BASE_URL."""
+    mirror = tmp_path_factory.mktemp("mirror")
+    for split, name in (("train", "fineweb_train_000001.bin"), ("val", "fineweb_val_000000.bin")):
+        (mirror / name).write_bytes(data.shard_paths(markov_data, split)[0].read_bytes())
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(mirror))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
 def tiny(data_dir, out_dir, *extra, steps=6):
     """Command line of a tiny CPU run on the 64-token Markov language (or other data)."""
     return ["--size", "tiny", "--device", "cpu", "--vocab_size", "64", "--data", str(data_dir),
@@ -66,9 +81,10 @@ def read_summary(out_dir):
     return json.loads((Path(out_dir) / "summary.json").read_text())
 
 
-def run_script(args, **env):
+def run_script(args, cwd=None, **env):
     """python ARGS in a subprocess that finds the project's modules."""
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
                                **env})
 
@@ -127,15 +143,20 @@ torch.save(model.state_dict(), os.path.join(os.environ["PROBE_OUT"], f"rank{os.e
 """
 
 
-def test_two_processes_equal_one_with_twice_the_accumulation(markov_data, tmp_path):
-    """8 sequences per step: 1 process × 4 micro-batches of 2 against 2 processes × 2 of 2."""
+def test_two_processes_equal_one_with_twice_the_accumulation(markov_data, fineweb_mirror,
+                                                              tmp_path):
+    """8 sequences per step: 1 process × 4 micro-batches of 2 against 2 processes × 2 of 2.
+    The two processes start without data: rank 0 fetches the default shards (the same Markov
+    tokens, from the local mirror) while rank 1 waits."""
     single = train.main(tiny(markov_data, tmp_path / "one", "--head", "mu_center"))
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                       str(probe), *tiny(markov_data, tmp_path / "two", "--head", "mu_center")],
-                      PROBE_OUT=str(tmp_path))
+                       str(probe), *tiny(data.DEFAULT_DATA, tmp_path / "two", "--head",
+                                         "mu_center")],
+                      cwd=tmp_path, PROBE_OUT=str(tmp_path), **{data.BASE_URL_ENV: fineweb_mirror})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / data.DEFAULT_DATA / "fineweb_train_000001.bin").exists()
 
     one, two = read_log(tmp_path / "one"), read_log(tmp_path / "two")
     assert [r["step"] for r in two] == [r["step"] for r in one]
@@ -251,28 +272,10 @@ def test_command_line_errors_come_without_a_traceback(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the default data: fetched when missing
 
-def serve(folder):
-    """A local HTTP server for the files of folder, standing in for Hugging Face."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def test_default_data_is_fetched_when_missing(markov_data, tmp_path, monkeypatch):
-    mirror = tmp_path / "mirror"
-    mirror.mkdir()
-    for split, name in (("train", "fineweb_train_000001.bin"), ("val", "fineweb_val_000000.bin")):
-        (mirror / name).write_bytes(data.shard_paths(markov_data, split)[0].read_bytes())
-    server = serve(mirror)
-    monkeypatch.setenv(data.BASE_URL_ENV, f"http://127.0.0.1:{server.server_port}")
+def test_default_data_is_fetched_when_missing(fineweb_mirror, tmp_path, monkeypatch):
+    monkeypatch.setenv(data.BASE_URL_ENV, fineweb_mirror)
     monkeypatch.chdir(tmp_path)                   # the default --data is a relative path
-    argv = tiny(data.DEFAULT_DATA, "run", steps=2)
-    try:
-        train.main(argv)
-    finally:
-        server.shutdown()
+    train.main(tiny(data.DEFAULT_DATA, "run", steps=2))
     assert sorted(p.name for p in Path(data.DEFAULT_DATA).glob("*.bin")) == \
         ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]
     assert read_summary("run")["diverged"] is False
