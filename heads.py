@@ -34,7 +34,9 @@ CE is the mean over tokens whose target is not -1; if every target is -1 the mea
 tokens is defined as 0 (loss 0 for all but mu_loss, whose weight term does not depend on tokens),
 so a fully masked micro-batch contributes nothing and produces no NaN. Target ids must lie in
 [0, V) or be -1; they are not checked here, because checking needs a device sync.
-`cross_entropy_and_log_z` is the plain reference path that every variant shares.
+`cross_entropy_and_log_z` is the plain reference path that every variant shares;
+`chunked_loss` (end of file) computes the same loss and gradients chunk by chunk, never holding
+the N × V logits; `head.chunk_size = 2048` switches a head over to it.
 """
 import math
 
@@ -92,6 +94,7 @@ class Head(nn.Module):
     passed in, so the same head serves tied and untied models.
     """
     name = "baseline"
+    chunk_size = None  # None: the plain path below; a number of tokens: chunked_loss (end of file)
 
     def __init__(self, cap=None, lam=None):
         super().__init__()
@@ -114,6 +117,8 @@ class Head(nn.Module):
     def forward(self, h, weight, targets):
         """(loss, stats): loss = CE + regulariser (scalar, with grad); stats holds detached
         0-dim tensors `ce` and `reg` (no .item(): no device sync on the hot path)."""
+        if self.chunk_size is not None:  # same result without the N × V logits
+            return chunked_loss(self, h, weight, targets, self.chunk_size)
         logits = self.logits(h, weight)
         ce, log_z, keep = cross_entropy_and_log_z(logits.reshape(-1, logits.shape[-1]),
                                                   targets.reshape(-1))
@@ -311,3 +316,108 @@ def b_ratio(weight):
     dots = e @ mu
     b_minus, b_plus = mu2 - dots.min(), dots.max() - mu2
     return float(torch.maximum(b_minus, b_plus) / torch.maximum(b_minus - mu2, b_plus + mu2))
+
+
+# ---------------------------------------------------------------------------------------------
+# the chunked loss path: the same loss and gradients without the N × V logits
+#
+# The plain path above is the readable reference. It builds all N × V logits, and autograd keeps
+# them (plus their float32 copy and softmax) alive until the backward pass: at V = 50304 the
+# largest tensors of a small model's step. Because the loss is a scalar, the gradient of a
+# chunk's logits is known as soon as its softmax is, so the chunked path computes it right away,
+# folds it into ∂L/∂h and ∂L/∂W, and drops the chunk. Backward then only scales the two stored
+# gradients by the incoming one (1.0 in training). Switch it on per head:
+#     head.chunk_size = 2048      # tokens per chunk; None (default) = the plain path
+
+CHUNK_SIZE = 2048  # a good default: 2048 × 50304 float32 logits ≈ 0.4 GB live at a time
+
+
+class _ChunkedSoftmaxLoss(torch.autograd.Function):
+    """L = (1/n) Σ_r [CE_r + λ·log²Z_r] over the n tokens r whose target t_r ≠ -1, and ∂L/∂h, ∂L/∂W.
+
+    Per token r, in chunks of rows of h (N, D) against weight W (V, D):
+        a_r = W·h_r                      raw logits: matmul in the compute dtype, then ≥ float32
+        l_r = c·tanh(a_r/c)              with a soft-cap c; l_r = a_r without one
+        log Z_r = log Σⱼ exp(l_rj),      p_r = softmax(l_r) = exp(l_r − log Z_r)
+        CE_r = log Z_r − l_r,t           z_r = λ·log²Z_r  (λ = 0 unless z-loss)
+
+    Gradient w.r.t. the logits, one term at a time:
+        ∂CE_r/∂l_rj = p_rj − [j = t_r]                    (softmax minus one-hot)
+        ∂z_r/∂l_rj  = 2λ·log Z_r · ∂log Z_r/∂l_rj = 2λ·log Z_r · p_rj
+        ∂l_rj/∂a_rj = c · (1/c)·(1 − tanh²(a_rj/c)) = 1 − tanh²(a_rj/c)   (1 without a cap)
+    so  g_r := ∂L/∂a_r = (1/n)·[(1 + 2λ·log Z_r)·p_r − onehot(t_r)] ⊙ (1 − tanh²(a_r/c)),
+    and g_r = 0 for ignored tokens. With G the chunk's rows g_r stacked (C × V), H its rows h_r:
+        ∂L/∂H = G·W          (a_r = W·h_r is linear in h_r)
+        ∂L/∂W = Σ_chunks Gᵀ·H (accumulated in float32 across chunks)
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, cap, lam, chunk_size, matmul_dtype):
+        n = (targets != IGNORE).sum().clamp(min=1)  # 0 kept tokens: loss 0, as token_mean
+        softmax_dtype = _compute_dtype(matmul_dtype)
+        w = weight.to(matmul_dtype)
+        want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if want_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=softmax_dtype, device=weight.device) if want_grad else None
+        ce_sum = torch.zeros((), dtype=softmax_dtype, device=h.device)
+        z_sum = torch.zeros((), dtype=softmax_dtype, device=h.device)
+        for start in range(0, h.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            h_c = h[rows].to(matmul_dtype)
+            keep = targets[rows] != IGNORE
+            t_c = targets[rows].clamp(min=0).unsqueeze(1)
+            logits = (h_c @ w.t()).to(softmax_dtype)
+            if cap is not None:
+                tanh = torch.tanh(logits / cap)
+                logits = cap * tanh
+            log_z = torch.logsumexp(logits, dim=1)
+            ce_sum += torch.where(keep, log_z - logits.gather(1, t_c).squeeze(1), 0.0).sum()
+            z_sum += torch.where(keep, log_z.square(), 0.0).sum()
+            if not want_grad:
+                continue
+            row_scale = keep.to(softmax_dtype) / n  # 1/n for kept tokens, 0 for ignored ones
+            g = torch.exp(logits - log_z.unsqueeze(1))  # p, then g in place: no more C × V buffers
+            g.mul_((row_scale * (1 + 2 * lam * log_z)).unsqueeze(1))
+            g.scatter_add_(1, t_c, -row_scale.unsqueeze(1))
+            if cap is not None:
+                g.mul_(1 - tanh.square())
+            g = g.to(matmul_dtype)
+            grad_h[rows] = g @ w
+            grad_w += (g.t() @ h_c).to(softmax_dtype)
+        ce, reg = ce_sum / n, lam * z_sum / n
+        if want_grad:
+            ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        ctx.mark_non_differentiable(ce, reg)
+        return ce + reg, ce, reg
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_ce, _grad_reg):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_loss * grad_h, grad_loss * grad_w, None, None, None, None, None
+
+
+def _matmul_dtype(h, weight):
+    """The dtype the plain path's F.linear runs in: autocast's where it is on, else promotion."""
+    if torch.is_autocast_enabled(h.device.type):
+        return torch.get_autocast_dtype(h.device.type)
+    return torch.promote_types(h.dtype, weight.dtype)
+
+
+def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE):
+    """head(h, weight, targets) computed chunk by chunk: same (loss, stats), same gradients.
+
+    Soft-capping and z-loss live inside the chunk loop (_ChunkedSoftmaxLoss); μ-loss adds
+    λ·μ·μ afterwards, touching the V × D matrix once; μ-centering changes nothing in the loss.
+    """
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
+    z_lam = head.lam if head.name == "z_loss" else 0.0
+    matmul_dtype = _matmul_dtype(h, weight)
+    with torch.autocast(h.device.type, enabled=False):  # the Function casts for itself
+        loss, ce, reg = _ChunkedSoftmaxLoss.apply(h.reshape(-1, h.shape[-1]), weight,
+                                                  targets.reshape(-1), head.cap, z_lam,
+                                                  chunk_size, matmul_dtype)
+    if head.name == "mu_loss":
+        reg = head.regulariser(weight, None, None)
+        loss = loss + reg
+    return loss, {"ce": ce.detach(), "reg": reg.detach()}

@@ -1,0 +1,121 @@
+"""The chunked loss path of heads.py equals the plain reference path: values and gradients.
+
+Every head, in float64 (tight), float32 (float tolerance), bf16 inputs and bf16 autocast
+(bf16 tolerance), with ignored (-1) targets and a chunk size that does not divide N; plus a
+float64 gradcheck of the hand-written backward, and the switch through a whole model.
+"""
+import pytest
+import torch
+
+import heads
+import model
+
+V, D = 50, 16
+HPARAMS = {"soft_cap": {"cap": 2.0}, "z_loss": {"lam": 0.1}, "mu_loss": {"lam": 0.1}}
+# (dtype of h and W, autocast on?, tolerance relative to the largest entry)
+SETTINGS = {"float64": (torch.float64, False, 1e-12), "float32": (torch.float32, False, 2e-6),
+            "bf16": (torch.bfloat16, False, 2e-2), "autocast_bf16": (torch.float32, True, 2e-2)}
+
+
+def make_head(name):
+    return heads.build(name, **HPARAMS.get(name, {}))
+
+
+def make_inputs(dtype, seed=0, n_tokens=37):
+    """h (2, n_tokens, D) with logits large enough that the soft-cap saturates, W (V, D) with a
+    common shift (so μ ≠ 0), targets with the first five tokens ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    h = (2 * torch.randn(2, n_tokens, D, generator=gen)).to(dtype).requires_grad_()
+    w = (torch.randn(V, D, generator=gen) + 0.5).to(dtype).requires_grad_()
+    targets = torch.randint(0, V, (2, n_tokens), generator=gen)
+    targets[0, :5] = -1
+    return h, w, targets
+
+
+def loss_and_grads(fn, h, w, targets, autocast):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss, stats = fn(h, w, targets)
+    return loss, stats, torch.autograd.grad(loss, (h, w))
+
+
+def assert_close(actual, expected, tol):
+    scale = expected.abs().max().clamp(min=1e-30)
+    assert (actual.double() - expected.double()).abs().max() <= tol * scale
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", heads.HEADS)
+def test_chunked_equals_plain(name, setting):
+    dtype, autocast, tol = SETTINGS[setting]
+    head = make_head(name)
+    h, w, targets = make_inputs(dtype)
+    plain = loss_and_grads(head, h, w, targets, autocast)
+    chunked = loss_and_grads(lambda *a: heads.chunked_loss(head, *a, chunk_size=8),
+                             h, w, targets, autocast)
+    (loss_p, stats_p, grads_p), (loss_c, stats_c, grads_c) = plain, chunked
+    assert loss_c.dtype == loss_p.dtype and loss_c.shape == ()
+    assert_close(loss_c, loss_p, tol)
+    for key in ("ce", "reg"):
+        assert not stats_c[key].requires_grad
+        assert_close(stats_c[key], stats_p[key], tol)
+    for grad_c, grad_p in zip(grads_c, grads_p):
+        assert grad_c.dtype == grad_p.dtype
+        assert_close(grad_c, grad_p, tol)
+    assert grads_c[0][0, :5].abs().max() == 0  # ignored tokens get no gradient
+
+
+@pytest.mark.parametrize("name", heads.HEADS)
+def test_backward_matches_finite_differences(name):
+    """The hand-derived gradient (docstring of _ChunkedSoftmaxLoss) against float64 numerics."""
+    head = make_head(name)
+    h, w, targets = make_inputs(torch.float64, seed=1, n_tokens=6)
+    assert torch.autograd.gradcheck(
+        lambda h, w: heads.chunked_loss(head, h, w, targets, chunk_size=5)[0], (h, w),
+        fast_mode=True)  # checks random directions: the full Jacobian takes minutes
+
+
+def test_all_targets_ignored_gives_zero_loss_like_plain():
+    head = make_head("z_loss")
+    h, w, targets = make_inputs(torch.float32)
+    targets = torch.full_like(targets, -1)
+    loss, _, (grad_h, grad_w) = loss_and_grads(
+        lambda *a: heads.chunked_loss(head, *a, chunk_size=8), h, w, targets, False)
+    assert loss.item() == 0.0 == head(h, w, targets)[0].item()
+    assert grad_h.abs().max() == 0 and grad_w.abs().max() == 0
+
+
+def test_without_grad_gives_the_same_loss():
+    head = make_head("soft_cap")
+    h, w, targets = make_inputs(torch.float32)
+    with torch.no_grad():
+        loss, stats = heads.chunked_loss(head, h, w, targets, chunk_size=8)
+        assert_close(loss, head(h, w, targets)[0], 2e-6)
+    assert not loss.requires_grad and stats["ce"] > 0
+
+
+def test_bad_chunk_size_is_a_clear_error():
+    h, w, targets = make_inputs(torch.float32)
+    with pytest.raises(ValueError, match="chunk_size must be a positive number of tokens"):
+        heads.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=0)
+
+
+@pytest.mark.parametrize("name", ["soft_cap", "mu_loss"])
+def test_head_chunk_size_switches_a_whole_model(name):
+    """Setting head.chunk_size routes model(idx, targets) through the chunked path: same loss,
+    same gradient for every parameter of the model."""
+    config = model.config_for("tiny", vocab_size=V, block_size=32)
+    torch.manual_seed(0)
+    gpt = model.GPT(config, make_head(name))
+    idx = torch.randint(0, V, (2, 32))
+    targets = torch.roll(idx, -1, dims=1)
+    results = []
+    for chunk_size in (None, 24):
+        gpt.head.chunk_size = chunk_size
+        gpt.zero_grad(set_to_none=True)
+        loss, _ = gpt(idx, targets)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in gpt.parameters()]))
+    (loss_plain, grads_plain), (loss_chunked, grads_chunked) = results
+    assert_close(loss_chunked, loss_plain, 2e-6)
+    for grad_c, grad_p in zip(grads_chunked, grads_plain):
+        assert_close(grad_c, grad_p, 1e-5)
