@@ -138,7 +138,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     except RuntimeError:
         parser.error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
     if device_type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
+        parser.error(f"--device {args.device} asks for CUDA but no GPU is visible; "
+                     f"use --device cpu")
     if args.dtype == "auto":
         args.dtype = "bfloat16" if device_type == "cuda" else "float32"
     if args.compile is None:
@@ -518,10 +519,88 @@ def load_checkpoint(path: Path, config: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 # The run
 
+class Throughput:
+    """Tokens per second over the steps since the last restart, timed between device syncs
+    (CUDA runs asynchronously: without a sync the clock would time the queueing)."""
+
+    def __init__(self, device: torch.device, tokens_per_step: int):
+        self.device, self.tokens_per_step = device, tokens_per_step
+        self.restart()
+
+    def restart(self):
+        sync(self.device)
+        self.start, self.steps = time.perf_counter(), 0
+
+    def read(self) -> tuple[float, float]:
+        """(tokens/s, seconds per step)."""
+        sync(self.device)
+        per_step = (time.perf_counter() - self.start) / self.steps
+        return self.tokens_per_step / per_step, per_step
+
+
 def format_duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
-        f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def log_line(record: dict, steps: int, eta: float) -> str:
+    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read."""
+    parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
+             f"lr {record['lr']:.2e}", f"{record['tok_per_s']:,.0f} tok/s"]
+    if record["mfu"] is not None:
+        parts.append(f"MFU {record['mfu']:.1%}")
+    parts.append(f"ETA {format_duration(eta)}")
+    if "val_loss" in record:
+        parts.append(f"val {record['val_loss']:.4f}")
+    return " | ".join(parts)
+
+
+def step_metrics(raw: GPT, result: StepResult, amp) -> dict:
+    """loss, grad_norm, ‖μ‖ and the logit statistics of this process's last micro-batch
+    (summed over processes). Reads device values, so log steps only."""
+    return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
+            "mu_norm": mu_norm(raw).item(), **logit_stats(logit_sums(raw, result.last_x, amp))}
+
+
+def save_checkpoint(out: Path, raw: GPT, optimizer, loader, step: int, config: dict,
+                    init_loss: float, train_time: float):
+    """ckpt.pt: everything --resume needs, tensors and plain types only (weights_only-loadable).
+    The unwrapped model's state_dict has no `_orig_mod.` prefix, so compiled and eager runs
+    resume each other. The loader position is global, the same on every rank."""
+    save_atomic({"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                 "loader": loader.state_dict(), "rng": rng_state(raw.output_weight.device),
+                 "config": config, "init_loss": init_loss, "train_time_s": train_time},
+                out / "ckpt.pt")
+
+
+def save_snapshot(out: Path, raw: GPT, step: int, config: dict):
+    """ckpt_step{step:07d}.pt: the weights alone, for curves over training (analyze.py)."""
+    save_atomic({"model": raw.state_dict(), "step": step, "config": config},
+                out / f"ckpt_step{step:07d}.pt")
+
+
+def claim_run_folder(args, out: Path, say) -> bool:
+    """False when --resume finds the run finished; refuses to overwrite a run without it."""
+    if args.resume and (out / "summary.json").exists():
+        say(f"{out / 'summary.json'} exists: the run is finished, nothing to do")
+        return False
+    if not args.resume and ((out / "ckpt.pt").exists() or (out / "summary.json").exists()):
+        fail(f"{out} already holds a run; pass --resume to continue it, or choose another "
+             f"--out_dir")
+    return True
+
+
+def restore(path: Path, config: dict, raw: GPT, optimizer, loader, device) -> dict:
+    """Model, optimizer, loader position and RNG from ckpt.pt; returns step, init_loss and
+    train_time_s."""
+    ckpt = load_checkpoint(path, config)
+    raw.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    loader.load_state_dict(ckpt["loader"])
+    set_rng_state(ckpt["rng"], device)
+    return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s")}
 
 
 def main(argv=None) -> GPT:
@@ -537,68 +616,56 @@ def main(argv=None) -> GPT:
 
 
 def train(args, ctx: Dist) -> GPT:
+    """Data, model, the training loop, the final evaluation; global rank 0 writes the folder."""
     say = print if ctx.master else (lambda *a, **k: None)
-    out = Path(args.out_dir)
-    ckpt_path, log_path, summary_path = out / "ckpt.pt", out / "log.jsonl", out / "summary.json"
-    config = dict(vars(args))
-    if args.resume and summary_path.exists():
-        say(f"{summary_path} exists: the run is finished, nothing to do")
+    out, config = Path(args.out_dir), dict(vars(args))
+    if not claim_run_folder(args, out, say):
         return None
-    if not args.resume and (ckpt_path.exists() or summary_path.exists()):
-        fail(f"{out} already holds a run; pass --resume to continue it, or choose another "
-             f"--out_dir")
     if args.data == data.DEFAULT_DATA:
         fetch_default_data(args, ctx)
     loader = open_data(args, ctx)
     if ctx.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
-
     raw = build_model(args).to(ctx.device)
     optimizer = make_optimizer(raw, args)
-    amp = autocast(ctx.device, args.dtype)
-    grad_accum = args.batch_size // (args.micro_batch * ctx.world_size)
-    tokens_per_step = args.batch_size * args.seq_len
-    step, init_loss, train_time = 0, None, 0.0
-    resumed = args.resume and ckpt_path.exists()
-    if resumed:
-        ckpt = load_checkpoint(ckpt_path, config)
-        raw.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        loader.load_state_dict(ckpt["loader"])
-        set_rng_state(ckpt["rng"], ctx.device)
-        step, init_loss, train_time = ckpt["step"], ckpt["init_loss"], ckpt["train_time_s"]
+    state = {"step": 0, "init_loss": None, "train_time_s": 0.0}
+    if args.resume and (out / "ckpt.pt").exists():
+        state = restore(out / "ckpt.pt", config, raw, optimizer, loader, ctx.device)
+    step, init_loss = state["step"], state["init_loss"]
     fast = torch.compile(raw) if args.compile else raw
-    model = DDP(fast, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) \
-        if ctx.world_size > 1 else fast
-
+    model = fast if ctx.world_size == 1 else \
+        DDP(fast, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     if ctx.master:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "config.json", config)
-        trim_log(log_path, step)  # a fresh run starts an empty log
-    say(f"{args.size} ({raw.num_params() / 1e6:.2f}M params without the input embedding), head "
-        f"{args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} process(es) × "
+        trim_log(out / "log.jsonl", step)  # a fresh run starts an empty log
+
+    amp = autocast(ctx.device, args.dtype)
+    grad_accum = args.batch_size // (args.micro_batch * ctx.world_size)
+    tokens_per_step = args.batch_size * args.seq_len
+    say(f"{args.size} ({raw.num_params() / 1e6:.2f}M parameters without the input embedding), "
+        f"head {args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} process(es) × "
         f"{grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
         f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}"
-        f"{' compiled' if args.compile else ''}; " +
-        (f"resuming at step {step}" if resumed else f"{args.steps} steps"))
+        f"{' compiled' if args.compile else ''}; "
+        f"{f'resuming after step {step}' if step else f'{args.steps} steps'}")
     if init_loss is None:
         init_loss = evaluate(fast, args, ctx, amp)
         say(f"step 0: val loss {init_loss:.4f} (ln V = {math.log(args.vocab_size):.4f})")
-        if args.keep_every:
-            save_snapshot(raw, 0, config, out, ctx)
+        if args.keep_every and ctx.master:
+            save_snapshot(out, raw, 0, config)
 
     peak = peak_flops(ctx.device, args.dtype)
     flops_per_token = raw.flops_per_token(args.seq_len)
     watch = FiniteWatch(ctx.device)
     next_batch = device_batches(loader, ctx.device)
     diverged_at, last_val = None, None
-    sync(ctx.device)
-    run_start = window_start = time.perf_counter()
-    window_steps = 0
+    run_start = time.perf_counter()
+    speed = Throughput(ctx.device, tokens_per_step)
     while step < args.steps:
         result = train_step(model, optimizer, next_batch, lr_at(step, args), grad_accum, amp)
         step += 1
-        window_steps += 1
+        speed.steps += 1
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
         is_save = step == args.steps or step % args.save_every == 0
@@ -608,32 +675,28 @@ def train(args, ctx: Dist) -> GPT:
             say(f"step {diverged_at}: the loss is not finite; the run diverged and stops")
             break
         if is_log:
-            sync(ctx.device)
-            seconds = time.perf_counter() - window_start
-            tok_per_s = window_steps * tokens_per_step / seconds
-            record = {"step": step, "tokens": step * tokens_per_step, "lr": lr_at(step - 1, args),
-                      "loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
-                      "mu_norm": mu_norm(raw).item(),
-                      **logit_stats(logit_sums(raw, result.last_x, amp)),
+            tok_per_s, per_step = speed.read()
+            record = {"step": step, "tokens": step * tokens_per_step,
+                      "lr": lr_at(step - 1, args), **step_metrics(raw, result, amp),
                       "tok_per_s": tok_per_s,
-                      "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size) if peak else None}
+                      "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size) if peak
+                      else None}
             if is_eval:
                 record["val_loss"] = last_val = evaluate(fast, args, ctx, amp)
-            say(log_line(record, args, eta=(args.steps - step) * seconds / window_steps))
+            say(log_line(record, args.steps, eta=(args.steps - step) * per_step))
             if ctx.master:
-                append_log(log_path, record)
-        if is_save:
-            elapsed = train_time + time.perf_counter() - run_start
-            save_checkpoint(raw, optimizer, loader, step, config, init_loss, elapsed, out, ctx)
-        if args.keep_every and step % args.keep_every == 0:
-            save_snapshot(raw, step, config, out, ctx)
+                append_log(out / "log.jsonl", record)
+        if is_save and ctx.master:
+            save_checkpoint(out, raw, optimizer, loader, step, config, init_loss,
+                            state["train_time_s"] + time.perf_counter() - run_start)
+        if args.keep_every and step % args.keep_every == 0 and ctx.master:
+            save_snapshot(out, raw, step, config)
         if step == args.stop_at:
             say(f"stopping after step {step} as --stop_at asks; continue with --resume")
             return raw
         if is_log or is_save:  # the next throughput window starts after this bookkeeping
-            sync(ctx.device)
-            window_start, window_steps = time.perf_counter(), 0
-    train_time += time.perf_counter() - run_start
+            speed.restart()
+    train_time = state["train_time_s"] + time.perf_counter() - run_start
 
     summary = {"head": args.head, "size": args.size, "lr": args.lr, "tie": args.tie,
                "lam": raw.head.lam, "cap": raw.head.cap, "steps": args.steps}
@@ -648,41 +711,10 @@ def train(args, ctx: Dist) -> GPT:
     summary |= {"init_loss": init_loss, **stats, "mu_norm": mu_norm(raw).item(),
                 "train_time_s": train_time}
     if ctx.master:
-        write_json(summary_path, summary)
+        write_json(out / "summary.json", summary)
     say("done: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                              for k, v in summary.items()))
     return raw
-
-
-def log_line(record: dict, args, eta: float) -> str:
-    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read."""
-    parts = [f"step {record['step']:>{len(str(args.steps))}}/{args.steps}",
-             f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}",
-             f"{record['tok_per_s']:,.0f} tok/s"]
-    if record["mfu"] is not None:
-        parts.append(f"MFU {record['mfu']:.1%}")
-    parts.append(f"ETA {format_duration(eta)}")
-    if "val_loss" in record:
-        parts.append(f"val {record['val_loss']:.4f}")
-    return " | ".join(parts)
-
-
-def save_checkpoint(raw: GPT, optimizer, loader, step, config, init_loss, train_time, out, ctx):
-    """ckpt.pt: everything --resume needs, tensors and plain types only (weights_only-loadable).
-    The unwrapped model's state_dict has no `_orig_mod.` prefix, so compiled and eager runs
-    resume each other. The loader position is global, the same on every rank."""
-    if ctx.master:
-        save_atomic({"model": raw.state_dict(), "optimizer": optimizer.state_dict(),
-                     "step": step, "loader": loader.state_dict(), "rng": rng_state(ctx.device),
-                     "config": config, "init_loss": init_loss, "train_time_s": train_time},
-                    out / "ckpt.pt")
-
-
-def save_snapshot(raw: GPT, step, config, out, ctx):
-    """ckpt_step{step:07d}.pt: the weights alone, for curves over training (analyze.py)."""
-    if ctx.master:
-        save_atomic({"model": raw.state_dict(), "step": step, "config": config},
-                    out / f"ckpt_step{step:07d}.pt")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ def test_mu_center_run_logs_zero_mean_embedding_at_every_step(markov_data, tmp_p
 PROBE = """
 import os, sys, torch, train
 model = train.main(sys.argv[1:])
-torch.save(model.state_dict(), os.path.join(os.environ["PROBE_OUT"], f"rank{os.environ['RANK']}.pt"))
+rank = os.environ["RANK"]
+torch.save(model.state_dict(), os.path.join(os.environ["PROBE_OUT"], f"rank{rank}.pt"))
 """
 
 
@@ -154,7 +155,8 @@ def test_two_processes_equal_one_with_twice_the_accumulation(markov_data, finewe
     done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                        str(probe), *tiny(data.DEFAULT_DATA, tmp_path / "two", "--head",
                                          "mu_center")],
-                      cwd=tmp_path, PROBE_OUT=str(tmp_path), **{data.BASE_URL_ENV: fineweb_mirror})
+                      cwd=tmp_path, PROBE_OUT=str(tmp_path),
+                      **{data.BASE_URL_ENV: fineweb_mirror})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / data.DEFAULT_DATA / "fineweb_train_000001.bin").exists()
 
