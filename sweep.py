@@ -237,13 +237,15 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
 SBATCH_TEMPLATE = """#!/bin/bash
 # A SLURM job array of train.py runs, written by sweep.py: array task i runs line i (0-based)
 # of the run list with one torchrun. Each line is "RUN_DIR TRAIN_ARGS...". A task whose run
-# already has summary.json exits at once; one that finds a ckpt.pt resumes from it.
+# already has summary.json exits at once; one that finds a ckpt.pt resumes from it. The job
+# runs in the environment sbatch was called from: activate the one with torch first.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={nproc}
 #SBATCH --output={log_dir}/%A_%a.out
+#SBATCH --chdir={cwd}
 {extra_sbatch}
 # Multi-node runs: write the script with `sweep.py run ... --nodes N`. srun then starts one
 # torchrun per node and they meet through the c10d rendezvous on the first node of the task's
@@ -281,6 +283,7 @@ def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options
     array = f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else "")
     script = SBATCH_TEMPLATE.format(
         array=array, nodes=nodes, nproc=nproc_per_node, log_dir=slurm_dir / "logs",
+        cwd=Path.cwd(),  # where relative paths among the options (--data ...) were meant
         extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
         run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY)))
     script_path = slurm_dir / f"sweep_{stamp}.sbatch"

@@ -412,7 +412,7 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
                "--device", "cpu", "--data", str(shards), "--steps", "10", "--warmup", "2",
                "--batch_size", "2", "--micro_batch", "2", "--seq_len", "32",
                "--eval_tokens", "256", "--stat_tokens", "256", "--log_every", "1",
-               "--save_every", "1"]
+               "--save_every", "5"]  # a checkpoint halfway: something to resume
     grid = sweep.expand_grid("custom", ["tiny"], [1e-3, 1e-2], ["baseline", "mu_center"])
     names = [run.name for run in grid]
 
