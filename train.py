@@ -632,6 +632,8 @@ def train(args, ctx: Dist) -> GPT:
     if args.resume and (out / "ckpt.pt").exists():
         state = restore(out / "ckpt.pt", config, raw, optimizer, loader, ctx.device)
     step, init_loss = state["step"], state["init_loss"]
+    if args.compile:  # a model that fails to compile runs eagerly, with a warning, not a crash
+        torch._dynamo.config.suppress_errors = True
     fast = torch.compile(raw) if args.compile else raw
     model = fast if ctx.world_size == 1 else \
         DDP(fast, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
