@@ -300,3 +300,31 @@ def test_cli_errors_are_one_sentence(runs, tmp_path):
         cli("verify", "--run", runs["untied"], "--tokens", 10**6)
     with pytest.raises(SystemExit):
         cli("signatures", "--run", runs["untied"], "--offsets", 0)
+
+
+def test_cli_on_snapshots_written_by_train_py(markov_dir, tmp_path):
+    import train
+    run = tmp_path / "run"
+    train.main(["--size", "tiny", "--vocab_size", "256", "--data", str(markov_dir), "--steps", "2",
+                "--warmup", "1", "--batch_size", "2", "--micro_batch", "2", "--seq_len", "64",
+                "--eval_tokens", "128", "--stat_tokens", "128", "--keep_every", "1",
+                "--out_dir", str(run), "--device", "cpu", "--log_every", "1"])
+    out = cli("bottleneck", "--run", run, "--tokens", 256)
+    assert [r["step"] for r in out["steps"]] == [0, 1, 2]
+    assert all(0 < r["pooled_energy"] <= r["rank2D_energy"] <= 1 for r in out["steps"])
+    assert all(r["retained_energy"] < 1 and r["rank"] == 64 for r in out["steps"])
+    verify = cli("verify", "--run", run, "--tokens", 128)
+    assert verify["step"] == 2 and verify["lemma1_dev"] < 1e-12 * verify["max_abs_logit"]
+
+
+def test_cli_trivial_trains_one_vocabulary_end_to_end(tmp_path):
+    out = cli("trivial", "--out", tmp_path, "--vocabs", 8, "--steps", 2, "--batch_size", 2,
+              "--seq_len", 16, "--trivial_tokens", 2000, "--plot", tmp_path / "t.png",
+              "--train_args", "--lr", "1e-3")
+    row, = out["runs"]
+    assert row["vocab"] == 8 and row["chance"] == pytest.approx(math.log(8))
+    assert row["floor"] == pytest.approx(math.log(8) / 16) and row["seqs_per_token"] == 2 * 2 / 8
+    assert math.isfinite(row["val_loss"]) and not row["diverged"]
+    config = json.loads((tmp_path / "tiny_baseline_tie0_V8" / "config.json").read_text())
+    assert config["vocab_size"] == 8 and config["lr"] == 1e-3  # --train_args reach train.py
+    assert (tmp_path / "t.png").stat().st_size > 1000
