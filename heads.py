@@ -329,14 +329,14 @@ def b_ratio(weight):
 # gradients by the incoming one (1.0 in training). Switch it on per head:
 #     head.chunk_size = 2048      # tokens per chunk; None (default) = the plain path
 
-CHUNK_SIZE = 2048  # a good default: 2048 × 50304 float32 logits ≈ 0.4 GB live at a time
+CHUNK_SIZE = 2048  # tokens per chunk: 2048 × 50304 float32 logits ≈ 0.4 GB per live buffer
 
 
 class _ChunkedSoftmaxLoss(torch.autograd.Function):
     """L = (1/n) Σ_r [CE_r + λ·log²Z_r] over the n tokens r whose target t_r ≠ -1, and ∂L/∂h, ∂L/∂W.
 
     Per token r, in chunks of rows of h (N, D) against weight W (V, D):
-        a_r = W·h_r                      raw logits: matmul in the compute dtype, then ≥ float32
+        a_r = W·h_r                      raw logits: matmul in bf16 under autocast, then float32
         l_r = c·tanh(a_r/c)              with a soft-cap c; l_r = a_r without one
         log Z_r = log Σⱼ exp(l_rj),      p_r = softmax(l_r) = exp(l_r − log Z_r)
         CE_r = log Z_r − l_r,t           z_r = λ·log²Z_r  (λ = 0 unless z-loss)
@@ -354,39 +354,22 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, targets, cap, lam, chunk_size, matmul_dtype):
         n = (targets != IGNORE).sum().clamp(min=1)  # 0 kept tokens: loss 0, as token_mean
-        softmax_dtype = _compute_dtype(matmul_dtype)
-        w = weight.to(matmul_dtype)
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(h) if want_grad else None
-        grad_w = torch.zeros(weight.shape, dtype=softmax_dtype, device=weight.device) if want_grad else None
-        ce_sum = torch.zeros((), dtype=softmax_dtype, device=h.device)
-        z_sum = torch.zeros((), dtype=softmax_dtype, device=h.device)
+        w = weight.to(matmul_dtype)
+        sums = torch.zeros(2, dtype=_compute_dtype(matmul_dtype), device=h.device)  # Σ CE, Σ log²Z
+        grad_h_chunks = []
+        grad_w = torch.zeros_like(weight, dtype=sums.dtype) if want_grad else None
         for start in range(0, h.shape[0], chunk_size):
-            rows = slice(start, start + chunk_size)
-            h_c = h[rows].to(matmul_dtype)
-            keep = targets[rows] != IGNORE
-            t_c = targets[rows].clamp(min=0).unsqueeze(1)
-            logits = (h_c @ w.t()).to(softmax_dtype)
-            if cap is not None:
-                tanh = torch.tanh(logits / cap)
-                logits = cap * tanh
-            log_z = torch.logsumexp(logits, dim=1)
-            ce_sum += torch.where(keep, log_z - logits.gather(1, t_c).squeeze(1), 0.0).sum()
-            z_sum += torch.where(keep, log_z.square(), 0.0).sum()
-            if not want_grad:
-                continue
-            row_scale = keep.to(softmax_dtype) / n  # 1/n for kept tokens, 0 for ignored ones
-            g = torch.exp(logits - log_z.unsqueeze(1))  # p, then g in place: no more C × V buffers
-            g.mul_((row_scale * (1 + 2 * lam * log_z)).unsqueeze(1))
-            g.scatter_add_(1, t_c, -row_scale.unsqueeze(1))
-            if cap is not None:
-                g.mul_(1 - tanh.square())
-            g = g.to(matmul_dtype)
-            grad_h[rows] = g @ w
-            grad_w += (g.t() @ h_c).to(softmax_dtype)
-        ce, reg = ce_sum / n, lam * z_sum / n
+            h_c = h[start:start + chunk_size].to(matmul_dtype)
+            chunk_sums, g = _chunk_sums_and_grad(h_c, w, targets[start:start + chunk_size], n,
+                                                 cap, lam, want_grad)
+            sums += chunk_sums
+            if want_grad:
+                grad_h_chunks.append(g @ w)
+                grad_w += (g.t() @ h_c).to(grad_w.dtype)
+        ce, reg = sums[0] / n, lam * sums[1] / n
         if want_grad:
-            ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+            ctx.save_for_backward(torch.cat(grad_h_chunks).to(h.dtype), grad_w.to(weight.dtype))
         ctx.mark_non_differentiable(ce, reg)
         return ce + reg, ce, reg
 
@@ -394,6 +377,29 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_ce, _grad_reg):
         grad_h, grad_w = ctx.saved_tensors
         return grad_loss * grad_h, grad_loss * grad_w, None, None, None, None, None
+
+
+def _chunk_sums_and_grad(h_c, w, targets, n, cap, lam, want_grad):
+    """One chunk of _ChunkedSoftmaxLoss: (Σ CE_r, Σ log²Z_r) over its kept tokens, and its
+    g = ∂L/∂a (C × V, in the matmul dtype; None when no gradient is wanted)."""
+    keep = targets != IGNORE
+    t_c = targets.clamp(min=0).unsqueeze(1)
+    logits = (h_c @ w.t()).to(_compute_dtype(w.dtype))
+    if cap is not None:
+        tanh = torch.tanh(logits / cap)
+        logits = cap * tanh
+    log_z = torch.logsumexp(logits, dim=1)
+    ce = torch.where(keep, log_z - logits.gather(1, t_c).squeeze(1), 0.0)
+    sums = torch.stack([ce.sum(), torch.where(keep, log_z.square(), 0.0).sum()])
+    if not want_grad:
+        return sums, None
+    row_scale = keep.to(logits.dtype) / n  # 1/n for kept tokens, 0 for ignored ones
+    g = torch.exp(logits - log_z.unsqueeze(1))  # p; then turned into g in place (no more C × V)
+    g.mul_((row_scale * (1 + 2 * lam * log_z)).unsqueeze(1))
+    g.scatter_add_(1, t_c, -row_scale.unsqueeze(1))
+    if cap is not None:
+        g.mul_(1 - tanh.square())
+    return sums, g.to(w.dtype)
 
 
 def _matmul_dtype(h, weight):
