@@ -1,11 +1,13 @@
 """Numerical checks and measurements on a model or a run's checkpoints.
 
-    python analyze.py verify      --run DIR | --init SIZE   the paper's Lemma 1, Lemma 2, Prop. 3, Thm. 4
-    python analyze.py logits      --run DIR | --init SIZE   logit statistics, ‖μ‖, B_ratio, Fig. 1 (right)
-    python analyze.py bottleneck  --run DIR | --init SIZE   how much of the loss gradient the LM head passes
-    python analyze.py tying       --tied DIR --untied DIR   tied vs untied embeddings, output-side share
-    python analyze.py signatures  --run DIR                 embeddings vs probability signatures (staircase)
-    python analyze.py trivial     --out DIR                 the `repeat` task over growing vocabularies
+    verify      --run DIR | --init SIZE   Lemma 1, Lemma 2, Prop. 3, Theorem 4 and its proof's steps
+    logits      --run DIR | --init SIZE   logit statistics, ‖μ‖, B_ratio, Fig. 1 (right)
+    bottleneck  --run DIR | --init SIZE   how much of the loss gradient the LM head lets through
+    tying       --tied DIR --untied DIR   tied vs untied embeddings, output side's gradient share
+    signatures  --run DIR                 embeddings vs probability signatures (context staircase)
+    trivial     --out DIR                 the `repeat` task over growing vocabularies (train.py)
+
+e.g. python analyze.py verify --run out --tokens 2048 --json verify.json
 
 Every subcommand prints a short table; `--json PATH` writes its numbers and `--plot PATH` a
 figure (both atomically). A run folder is train.py's: config.json + ckpt.pt, and, with
@@ -20,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -48,16 +49,18 @@ DEFAULTS = dict(
     top_k=512,           # most frequent tokens kept by `tying` and `signatures`
     sig_tokens=2_000_000,  # training tokens counted for the signatures
     offsets=(1, -1, -2, -3),  # +1: label signature P(next | token); −k: context P(x₋ₖ | token)
-    trivial_vocabs=(64, 256, 1024, 4096),
+    trivial_vocabs=(16, 256, 4096),  # at tiny's D = 64: below, 4× and 64× above D
     trivial_size="tiny",
-    trivial_steps=300,
-    trivial_tokens=400_000,
+    trivial_steps=200,
+    trivial_seq_len=32,
+    trivial_tokens=200_000,
     trivial_batch=16,
-    trivial_train=("--lr", "3e-3", "--eval_every", "0", "--log_every", "50", "--save_every", "1000"),
+    trivial_train=("--lr", "3e-3", "--eval_every", "0", "--log_every", "50",
+                   "--save_every", "1000"),
 )
 
 
-# ───────────────────────────── the paper's identities (pure, float64) ─────────────────────────────
+# ── the paper's identities (pure, float64) ────────────────────────────────────────────────────
 
 def token_chunks(n: int, size: int):
     """Slices that cover range(n) in blocks of at most `size` rows (bounds the N×V memory)."""
@@ -80,8 +83,9 @@ def theorem4_bounds(W: torch.Tensor) -> dict:
     mu = W.mean(0)
     dots = W @ mu
     mu_sq = mu @ mu
-    return dict(mu_norm=mu_sq.sqrt().item(), mu_sq=mu_sq.item(), B_minus=(mu_sq - dots.min()).item(),
-                B_plus=(dots.max() - mu_sq).item(), B_ratio=heads.b_ratio(W), dots=dots)
+    return dict(mu_norm=mu_sq.sqrt().item(), mu_sq=mu_sq.item(),
+                B_minus=(mu_sq - dots.min()).item(), B_plus=(dots.max() - mu_sq).item(),
+                B_ratio=heads.b_ratio(W), dots=dots)
 
 
 def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, targets: torch.Tensor,
@@ -141,7 +145,8 @@ def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, ta
         eq26_dev=abs(bounds["B_ratio"] - eq26.item()),
         max_norm=max_norm.item(), max_norm_star=max_norm_star.item(),
         eq34_holds=bool(max_norm_star <= max_norm),
-        eq32_dev=abs(max_norm_star.item() ** 2 - (parallel_sq.max() + perpendicular_sq.max()).item()),
+        eq32_dev=abs(max_norm_star.item() ** 2
+                     - (parallel_sq.max() + perpendicular_sq.max()).item()),
         eq35_token_share=(absmax_star <= absmax).double().mean().item(),
         eq35_global_holds=bool(absmax_star.max() <= absmax.max()),
         max_abs_logit=absmax.max().item(), max_abs_logit_star=absmax_star.max().item())
@@ -161,7 +166,7 @@ def logit_statistics(logits: torch.Tensor) -> dict:
                 log2Z=(torch.logsumexp(logits, 1) ** 2).sum().item())
 
 
-# ─────────────────────────────── gradient bottleneck (pure, float64) ───────────────────────────────
+# ── gradient bottleneck (pure, float64) ───────────────────────────────────────────────────────
 
 def orthonormal_basis(W: torch.Tensor, rtol: float = 1e-10) -> torch.Tensor:
     """Q (V×r) with orthonormal columns spanning col(W), r = numerical rank of W (SVD)."""
@@ -233,7 +238,7 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     return out
 
 
-# ──────────────────────────────── embedding geometry (pure, float64) ───────────────────────────────
+# ── embedding geometry (pure, float64) ────────────────────────────────────────────────────────
 
 def centred(A: torch.Tensor) -> torch.Tensor:
     """A minus its mean row: removes the common shift (μ) that dominates raw cosines."""
@@ -322,7 +327,7 @@ def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
     return torch.corrcoef(torch.stack((sx, sy)))[0, 1].item()
 
 
-# ─────────────────────────────────── models, checkpoints, tokens ───────────────────────────────────
+# ── models, checkpoints, tokens ───────────────────────────────────────────────────────────────
 
 def build_model(cfg: dict) -> model.GPT:
     """An untrained GPT as a run's config dict (train.py's CLI names) describes it."""
@@ -453,7 +458,7 @@ def frequent_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     return order[: min(k, int((counts > 0).sum()))]
 
 
-# ─────────────────────────────────────── subcommands ───────────────────────────────────────
+# ── subcommands ───────────────────────────────────────────────────────────────────────────────
 
 def verify_table(r: dict) -> list[tuple]:
     """(statement, value, holds) rows; an identity holds at float64 round-off of the logits."""
@@ -606,13 +611,15 @@ def run_tying(args) -> dict:
     print_table([[name, *(g[c] for c in columns)] for name, g in geometry.items()],
                 ("matrices", *columns),
                 f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, "
-                f"{len(ids)} most frequent tokens; tied step {tied_step}, untied step {untied_step}")
+                f"{len(ids)} most frequent tokens; tied step {tied_step}, "
+                f"untied step {untied_step}")
     shares = []
     for name, run in (("tied", args.tied), ("untied", args.untied)):
         for gpt, cfg, step in run_models(run, args.device, all_steps=True):
-            loader = data.ShardLoader(data_dir, args.batch_size, args.seq_len or int(cfg["seq_len"]))
-            x, y = (t.to(args.device) for t in loader.next_batch())
-            shares.append(dict(run=name, step=step, **output_share(*tied_gradient_split(gpt, x, y))))
+            seq_len = args.seq_len or int(cfg["seq_len"])
+            x, y = data.ShardLoader(data_dir, args.batch_size, seq_len).next_batch()
+            split = tied_gradient_split(gpt, x.to(args.device), y.to(args.device))
+            shares.append(dict(run=name, step=step, **output_share(*split)))
     print_table([list(s.values()) for s in shares], list(shares[0]),
                 "share of the embedding gradient from the LM head (first training batch)")
     if args.plot:
@@ -707,11 +714,12 @@ COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck,
                 signatures=run_signatures, trivial=run_trivial)
 
 
-# ──────────────────────────────────────── output: tables, JSON, figures ────────────────────────────────────────
+# ── output: tables, JSON, figures ─────────────────────────────────────────────────────────────
 
 def describe(args, cfg: dict, step: int) -> str:
     source = args.run if args.run else f"fresh {args.init}"
-    return f"{source} (size {cfg['size']}, head {cfg['head']}, tie {bool(cfg.get('tie'))}, step {step})"
+    return (f"{source} (size {cfg['size']}, head {cfg['head']}, tie {bool(cfg.get('tie'))}, "
+            f"step {step})")
 
 
 def format_cell(value) -> str:
@@ -753,7 +761,8 @@ def write_json(path: str, result: dict) -> None:
 
 def save_figure(fig, path: str) -> None:
     import matplotlib.pyplot as plt
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=120))
+    image_format = Path(path).suffix.lstrip(".") or "png"
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format=image_format, dpi=120))
     plt.close(fig)
     print(f"wrote {path}")
 
@@ -772,10 +781,12 @@ def plot_dot_histogram(dots: np.ndarray, bounds: dict, bins: int, path: str) -> 
     mu_sq = bounds["mu_sq"]
     ax.axvline(0, color="black", linestyle=":", label="0")
     ax.axvline(mu_sq, color="purple", linestyle="--", label=f"‖μ‖² = {mu_sq:.3g}")
-    for edge, label in ((mu_sq - bounds["B_minus"], "‖μ‖² − B₋, ‖μ‖² + B₊"), (mu_sq + bounds["B_plus"], None)):
-        ax.axvline(edge, color="green", linestyle="--", label=label)
-    ax.set(xlabel="eᵢ·μ", ylabel="tokens", title=f"B₋ = {bounds['B_minus']:.3g}, B₊ = {bounds['B_plus']:.3g}, "
-           f"B_ratio = {bounds['B_ratio']:.3g}")
+    ax.axvline(mu_sq - bounds["B_minus"], color="green", linestyle="--",
+               label="‖μ‖² − B₋, ‖μ‖² + B₊")
+    ax.axvline(mu_sq + bounds["B_plus"], color="green", linestyle="--")
+    ax.set(xlabel="eᵢ·μ", ylabel="tokens",
+           title=f"B₋ = {bounds['B_minus']:.3g}, B₊ = {bounds['B_plus']:.3g}, "
+                 f"B_ratio = {bounds['B_ratio']:.3g}")
     ax.legend()
     save_figure(fig, path)
 
@@ -796,13 +807,15 @@ def plot_trivial(rows: list[dict], size: str, path: str) -> None:
     V = [r["vocab"] for r in rows]
     ax.plot(V, [r["val_loss"] for r in rows], marker="o", label=f"{size}: final validation loss")
     ax.plot(V, [r["chance"] for r in rows], linestyle="--", color="0.5", label="chance, ln V")
-    ax.plot(V, [r["floor"] for r in rows], linestyle=":", color="black", label="best possible, ln(V)/seq_len")
-    ax.set(xscale="log", xlabel="vocabulary size V", ylabel="loss (nats)", title="repeat task at a fixed width")
+    ax.plot(V, [r["floor"] for r in rows], linestyle=":", color="black",
+            label="best possible, ln(V)/seq_len")
+    ax.set(xscale="log", xlabel="vocabulary size V", ylabel="loss (nats)",
+           title="repeat task at a fixed width")
     ax.legend(fontsize="small")
     save_figure(fig, path)
 
 
-# ─────────────────────────────────────────────── CLI ───────────────────────────────────────────────
+# ── CLI ───────────────────────────────────────────────────────────────────────────────────────
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -812,7 +825,8 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--device", default=DEFAULTS["device"], help="cpu, cuda, cuda:1, ...")
     output.add_argument("--json", help="write the numbers to this JSON file")
@@ -825,14 +839,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_argument("--batch_size", type=positive_int, default=DEFAULTS["batch_size"])
     common.add_argument("--seq_len", type=positive_int, default=DEFAULTS["seq_len"],
                         help="tokens per sequence (default: the run's seq_len, 256 for --init)")
-    common.add_argument("--chunk", type=positive_int, default=DEFAULTS["chunk"], help=argparse.SUPPRESS)
+    common.add_argument("--chunk", type=positive_int, default=DEFAULTS["chunk"],
+                        help="token rows per float64 block of logits (memory: chunk·V·8 bytes)")
     source = argparse.ArgumentParser(add_help=False)
     which = source.add_mutually_exclusive_group(required=True)
-    which.add_argument("--run", help="a train.py run folder (config.json + ckpt.pt / ckpt_step*.pt)")
-    which.add_argument("--init", choices=list(model.SIZES), help="a freshly initialised model of this size")
+    which.add_argument("--run", help="a train.py run folder (config.json, ckpt.pt, ckpt_step*.pt)")
+    which.add_argument("--init", choices=list(model.SIZES), help="a fresh model of this size")
     source.add_argument("--head", choices=heads.HEADS, default=DEFAULTS["head"], help="with --init")
     source.add_argument("--tie", action="store_true", help="with --init: tied embeddings")
-    source.add_argument("--vocab_size", type=positive_int, default=DEFAULTS["vocab_size"], help="with --init")
+    source.add_argument("--vocab_size", type=positive_int, default=DEFAULTS["vocab_size"],
+                        help="with --init")
     token_set = argparse.ArgumentParser(add_help=False)
     token_set.add_argument("--top_k", type=positive_int, default=DEFAULTS["top_k"],
                            help="keep the K most frequent training tokens")
@@ -848,18 +864,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     tying.add_argument("--tied", required=True, help="run folder trained with --tie")
     tying.add_argument("--untied", required=True, help="run folder trained without --tie")
     tying.add_argument("--knn", type=positive_int, default=DEFAULTS["knn"])
-    signatures = sub.add_parser("signatures", parents=[common, token_set], help=run_signatures.__doc__)
+    signatures = sub.add_parser("signatures", parents=[common, token_set],
+                                help=run_signatures.__doc__)
     signatures.add_argument("--run", required=True, help="a train.py run folder")
     signatures.add_argument("--offsets", type=int, nargs="+", default=list(DEFAULTS["offsets"]),
                             help="+1 = label signature, -k = context k tokens back")
     trivial = sub.add_parser("trivial", parents=[output], help=run_trivial.__doc__.split("\n\n")[0])
     trivial.add_argument("--out", required=True, help="folder for the data and runs")
-    trivial.add_argument("--vocabs", type=positive_int, nargs="+", default=list(DEFAULTS["trivial_vocabs"]))
+    trivial.add_argument("--vocabs", type=positive_int, nargs="+",
+                         default=list(DEFAULTS["trivial_vocabs"]))
     trivial.add_argument("--size", choices=list(model.SIZES), default=DEFAULTS["trivial_size"])
     trivial.add_argument("--head", choices=heads.HEADS, default=DEFAULTS["head"])
     trivial.add_argument("--tie", action="store_true", help="tied embeddings")
     trivial.add_argument("--steps", type=positive_int, default=DEFAULTS["trivial_steps"])
-    trivial.add_argument("--seq_len", type=positive_int, default=64)
+    trivial.add_argument("--seq_len", type=positive_int, default=DEFAULTS["trivial_seq_len"])
     trivial.add_argument("--batch_size", type=positive_int, default=DEFAULTS["trivial_batch"])
     trivial.add_argument("--trivial_tokens", type=positive_int, default=DEFAULTS["trivial_tokens"])
     trivial.add_argument("--train_args", nargs=argparse.REMAINDER, default=[],
@@ -874,8 +892,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device} was asked for but no CUDA device is available; "
-                             "use --device cpu.")
+            raise ValueError(f"--device {args.device} was asked for but no CUDA device is "
+                             "available; use --device cpu.")
         result = COMMANDS[args.command](args)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"analyze.py {args.command}: error: {err}") from None
