@@ -227,13 +227,14 @@ def fetch_default_data(args, ctx: Dist):
         try:
             data.fetch_fineweb(args.data, n_train_shards=shards)
         except (RuntimeError, OSError, ValueError) as err:
-            problem = str(err)
+            problem = str(err.__cause__ or err)  # the network's reason, without data.py's advice
     failed = torch.tensor([1.0 if problem else 0.0])
     if waiting is not None:
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=waiting)
     if failed.item():
-        fail(f"the FineWeb download failed ({problem or 'on another node'}); to train on local "
-             f"text instead, run `python data.py text FILES --out DIR` and pass --data DIR")
+        fail(f"the FineWeb download into {args.data} failed ({problem or 'on another process'}); "
+             f"to train on local text instead, run `python data.py text FILES --out DIR` and "
+             f"pass --data DIR")
 
 
 def open_data(args, ctx: Dist):
@@ -415,7 +416,7 @@ def logit_sums(model: GPT, x: torch.Tensor, amp) -> torch.Tensor:
 
 
 def logit_stats(sums: torch.Tensor) -> dict:
-    """The four means from logit_sums (summed over processes first)."""
+    """The four means over all tokens of all processes, from logit_sums (all-reduced here)."""
     mean = (all_reduce_sum(sums)[:4] / sums[4]).tolist()
     return dict(zip(("logit_mean", "logit_std", "logit_absmax", "log2Z"), mean))
 

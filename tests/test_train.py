@@ -287,7 +287,7 @@ def test_default_data_offline_says_how_to_train_on_local_text(tmp_path, monkeypa
     monkeypatch.setenv(data.BASE_URL_ENV, "http://127.0.0.1:9")   # nothing listens there
     monkeypatch.chdir(tmp_path)
     message = error_of(tiny(data.DEFAULT_DATA, "run"), capsys)
-    assert "the FineWeb download failed" in message
+    assert "the FineWeb download into data/fineweb10B failed" in message
     assert "python data.py text FILES --out DIR` and pass --data DIR" in message
 
 
