@@ -1,0 +1,351 @@
+"""Speed and memory of the training step: tokens/s, MFU, peak memory and each head's overhead.
+
+    python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
+    python bench.py --sizes 16M 221M --loss_impl both --json out/bench.json   # one GPU
+
+For every size and head (and loss path: plain = heads.py's reference, chunked = heads.chunked_loss)
+this builds the model, optimizer, autocast and torch.compile setting exactly as train.py does and
+times train.train_step on synthetic tokens: warm-up steps first (compilation), then --steps timed
+steps with a device sync before and after each. All variants of a size live in one process and
+take turns, one step each, in an order that rotates every round, so clock and thermal drift fall
+on all of them alike. Reported per variant: the median step time, tokens/s, MFU (FLOPs counted
+by model.flops_per_token, attention and the LM head included, against the device's dense bf16
+peak from train.py; none on CPU), the peak memory of the step, and the overhead of the head
+relative to the baseline with the same loss path (Table 2 iii of the paper).
+
+Peak memory of a step is what it allocates above what was held before it (weights, gradients'
+absence, optimizer state): on CUDA from torch.cuda.max_memory_allocated; on Linux CPUs from the
+resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs), i.e. peak RSS growth;
+elsewhere it is not measured (null).
+
+--loss_tokens N also times the LM head alone: forward + backward of head(h, W, targets) on N
+tokens at each size's width D and the vocabulary V, for both loss paths, with its peak memory.
+"""
+import argparse
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import heads
+import train
+from model import SIZES
+
+# Defaults in one place. The micro-batch and sequence length follow the paper on CUDA and are
+# small on CPU, where one step of 16 × 2048 tokens would take many seconds.
+SHAPES = {"cuda": dict(micro_batch=16, seq_len=2048), "cpu": dict(micro_batch=4, seq_len=256)}
+STEPS = 10           # timed steps per variant
+WARMUP = 3           # untimed steps per variant first (the first one compiles)
+SEED = 0
+VOCAB_SIZE = 50304
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
+    a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), metavar="SIZE",
+      help=f"model sizes, of {', '.join(SIZES)}")
+    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
+      help="heads to time (the baseline is always added: overheads are relative to it)")
+    a("--loss_impl", default="plain", choices=("plain", "chunked", "both"),
+      help="loss path: heads.py's plain reference, the chunked one, or both")
+    a("--chunk_size", type=train.positive_int, default=heads.CHUNK_SIZE,
+      help="tokens per chunk of the chunked loss path")
+    a("--steps", type=train.positive_int, default=STEPS, help="timed steps per variant")
+    a("--warmup", type=train.non_negative_int, default=WARMUP, help="untimed steps first")
+    a("--micro_batch", type=train.positive_int, default=None,
+      help="sequences per step (default: 16 on CUDA, 4 on CPU)")
+    a("--seq_len", type=train.positive_int, default=None,
+      help="tokens per sequence (default: 2048 on CUDA, 256 on CPU)")
+    a("--vocab_size", type=train.positive_int, default=VOCAB_SIZE, help="V")
+    a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+      help="autocast dtype, as train.py (auto: bfloat16 on CUDA, float32 elsewhere)")
+    a("--compile", action=argparse.BooleanOptionalAction, default=None,
+      help="torch.compile, as train.py (default: on CUDA only)")
+    a("--loss_tokens", type=train.non_negative_int, default=0,
+      help="also time the LM head alone on this many tokens (0: skip)")
+    a("--json", type=Path, default=None, help="write the results here (atomically)")
+    args = p.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device_type = torch.device(args.device).type
+    except RuntimeError:
+        p.error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
+    if device_type not in SHAPES:
+        p.error(f"--device {args.device} is not supported; use cpu or cuda")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
+    for key, value in SHAPES[device_type].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if device_type == "cuda" else "float32"
+    if args.compile is None:
+        args.compile = device_type == "cuda"
+    args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
+    args.impls = ["plain", "chunked"] if args.loss_impl == "both" else [args.loss_impl]
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak memory of a piece of work, above what was held when it started
+
+def _rss_kib(field):
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
+
+
+class PeakMemory:
+    """with PeakMemory(device) as m: work()  →  m.bytes = peak allocation above the start, or
+    None where it cannot be measured (a CPU without Linux's /proc)."""
+
+    def __init__(self, device):
+        self.device, self.bytes = device, None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start = torch.cuda.memory_allocated(self.device)
+        elif Path("/proc/self/clear_refs").exists():
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            self.start = _rss_kib("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.start
+        elif Path("/proc/self/clear_refs").exists():
+            self.bytes = 1024 * (_rss_kib("VmHWM") - self.start)
+
+
+def timed(device, work):
+    """(seconds, peak bytes) of work(), between device syncs."""
+    train.sync(device)
+    with PeakMemory(device) as memory:
+        start = time.perf_counter()
+        work()
+        train.sync(device)
+        seconds = time.perf_counter() - start
+    return seconds, memory.bytes
+
+
+def round_robin(variants, run_once, steps):
+    """Each variant's list of (seconds, bytes) over `steps` rounds of one run each; the order
+    rotates every round, so no variant always runs first or after the same neighbour."""
+    results = {v: [] for v in variants}
+    for r in range(steps):
+        shift = r % len(variants)
+        for v in variants[shift:] + variants[:shift]:
+            results[v].append(run_once(v))
+    return results
+
+
+def summarize(samples):
+    """Median time and the largest peak memory of a variant's samples."""
+    seconds = statistics.median(s for s, _ in samples)
+    peaks = [b for _, b in samples if b is not None]
+    return seconds, (max(peaks) if peaks else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The training step of train.py, per size, head and loss path
+
+def train_args(args, size, head):
+    """train.py's own settings for one variant: one micro-batch per step, no gradient accumulation."""
+    argv = ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
+            "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
+            "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
+            "--seed", str(SEED), "--compile" if args.compile else "--no-compile"]
+    return train.parse_args(argv)
+
+
+class Variant:
+    """One (head, loss path) of a size: model, optimizer and step exactly as train.py builds them."""
+
+    def __init__(self, args, size, head, impl, batch):
+        self.targs = train_args(args, size, head)
+        self.device = torch.device(args.device)
+        self.raw = train.build_model(self.targs).to(self.device)
+        self.raw.head.chunk_size = args.chunk_size if impl == "chunked" else None
+        self.optimizer = train.make_optimizer(self.raw, self.targs)
+        self.model = torch.compile(self.raw) if self.targs.compile else self.raw
+        self.amp = train.autocast(self.device, self.targs.dtype)
+        self.batch, self.step = batch, 0
+
+    def run_step(self):
+        train.train_step(self.model, self.optimizer, lambda: self.batch,
+                         train.lr_at(self.step, self.targs), 1, self.amp)
+        self.step += 1
+
+
+def synthetic_batch(args, device):
+    """(x, y) of uniformly random token ids, already on the device: no data loading is timed."""
+    gen = torch.Generator().manual_seed(SEED)
+    tokens = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1), generator=gen)
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+def bench_size(args, size):
+    """Rows of results for one model size: every head × loss path, timed in turns."""
+    device = torch.device(args.device)
+    batch = synthetic_batch(args, device)
+    variants = {(h, i): Variant(args, size, h, i, batch) for h in args.heads for i in args.impls}
+    for variant in variants.values():
+        for _ in range(args.warmup):
+            variant.run_step()
+    samples = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
+                          args.steps)
+    peak = train.peak_flops(device, args.dtype)
+    tokens = args.micro_batch * args.seq_len
+    rows = []
+    for (head, impl), variant in variants.items():
+        seconds, peak_bytes = summarize(samples[head, impl])
+        flops_per_token = variant.raw.flops_per_token(args.seq_len)
+        rows.append({"size": size, "head": head, "loss_impl": impl,
+                     "params": variant.raw.num_params(), "flops_per_token": flops_per_token,
+                     "step_s": seconds, "tokens_per_s": tokens / seconds,
+                     "mfu": flops_per_token * tokens / seconds / peak if peak else None,
+                     "peak_mem_bytes": peak_bytes})
+    add_relative(rows, "step_s")
+    del variants
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def add_relative(rows, key):
+    """Compare rows measured in the same process (same size):
+        overhead      = key / key of the baseline with the same loss path − 1
+        vs_plain      = key / key of the plain path with the same head − 1     (chunked rows)
+        mem_reduction = peak memory of the plain path / this row's             (chunked rows)"""
+    def find(row, **changes):
+        want = {k: row[k] for k in ("size", "head", "loss_impl")} | changes
+        return next((r for r in rows if all(r[k] == v for k, v in want.items())), None)
+    for row in rows:
+        row["overhead"] = row[key] / find(row, head="baseline")[key] - 1
+        plain = find(row, loss_impl="plain") if row["loss_impl"] != "plain" else None
+        row["vs_plain"] = row[key] / plain[key] - 1 if plain else None
+        row["mem_reduction"] = (plain["peak_mem_bytes"] / row["peak_mem_bytes"]
+                                if plain and plain["peak_mem_bytes"] and row["peak_mem_bytes"]
+                                else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The LM head alone: forward + backward of head(h, W, targets)
+
+def bench_loss_path(args, size):
+    """Rows for the head alone at this size's width: every head × loss path, timed in turns."""
+    device = torch.device(args.device)
+    n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
+    gen = torch.Generator().manual_seed(SEED)
+    weight = (torch.randn(vocab, dim, generator=gen) / dim ** 0.5).to(device).requires_grad_()
+    h = torch.randn(n, dim, generator=gen).to(device).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), generator=gen).to(device)
+    amp = train.autocast(device, args.dtype)
+
+    def forward_backward(head):
+        def work():
+            with amp:
+                loss, _ = head(h, weight, targets)
+            loss.backward()
+            h.grad = weight.grad = None
+        return work
+
+    works = {}
+    for name in args.heads:
+        for impl in args.impls:
+            head = heads.build(name)
+            head.chunk_size = args.chunk_size if impl == "chunked" else None
+            works[name, impl] = forward_backward(torch.compile(head) if args.compile else head)
+            for _ in range(args.warmup):
+                works[name, impl]()
+    samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
+    rows = []
+    for (name, impl), timings in samples.items():
+        seconds, peak_bytes = summarize(timings)
+        rows.append({"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
+                     "loss_impl": impl, "time_s": seconds, "peak_mem_bytes": peak_bytes})
+    add_relative(rows, "time_s")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+def fmt_bytes(n):
+    return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_pct(x):
+    return "" if x is None else f"{100 * x:+.1f}%"
+
+
+def fmt_ratio(x):
+    return "" if x is None else f"{x:.1f}×"
+
+
+def print_tables(result):
+    train_rows, args = result["train"], result["settings"]
+    print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
+          f"{result['device_name']}, {args['dtype']}, {'compiled' if args['compile'] else 'eager'}, "
+          f"micro-batch {args['micro_batch']} × seq {args['seq_len']}, median of {args['steps']} steps")
+    for impl in args["impls"]:
+        print(f"loss path: {impl}")
+        print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in args["heads"]))
+        for size in args["sizes"]:
+            cells = {r["head"]: r for r in train_rows if r["size"] == size and r["loss_impl"] == impl}
+            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}" for h in args["heads"]))
+    print(f"\n{'size':>6} {'head':>10} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} "
+          f"{'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
+    for r in train_rows:
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        print(f"{r['size']:>6} {r['head']:>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
+              f"{r['tokens_per_s']:>10,.0f} {mfu:>6} {fmt_bytes(r['peak_mem_bytes']):>10} "
+              f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
+    if result["loss_path"]:
+        print(f"\nLM head alone, forward + backward ({result['memory_measure']})")
+        print(f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'loss':>8} {'ms':>8} {'peak mem':>10} "
+              f"{'vs plain':>9} {'mem ÷':>6}")
+        for r in result["loss_path"]:
+            print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
+                  f"{r['loss_impl']:>8} {1e3 * r['time_s']:>8.1f} {fmt_bytes(r['peak_mem_bytes']):>10} "
+                  f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
+
+
+def device_name(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # as train.py: TF32 where autocast leaves float32
+    result = {"device_name": device_name(device), "torch": torch.__version__,
+              "peak_flops": train.peak_flops(device, args.dtype),
+              "memory_measure": ("torch.cuda.max_memory_allocated above the start"
+                                 if device.type == "cuda" else "peak RSS growth (VmHWM)"),
+              "settings": {k: v for k, v in vars(args).items() if k != "json"},
+              "train": [], "loss_path": []}
+    for size in args.sizes:
+        result["train"] += bench_size(args, size)
+        if args.loss_tokens:
+            result["loss_path"] += bench_loss_path(args, size)
+        if args.json:  # after every size, so an interrupted run keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            train.write_json(args.json, result)
+    print_tables(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
