@@ -94,11 +94,12 @@ def run_script(args, cwd=None, **env):
 
 def test_tiny_run_on_text_learns_and_fills_the_run_folder(text_data, tmp_path, capsys):
     out = tmp_path / "run"
-    train.main(["--size", "tiny", "--device", "cpu", "--data", str(text_data), "--out_dir",
+    argv = ["--size", "tiny", "--device", "cpu", "--data", str(text_data), "--out_dir",
                 str(out), "--steps", "30", "--warmup", "5", "--lr", "1e-2", "--batch_size", "4",
                 "--micro_batch", "4", "--seq_len", "32", "--eval_every", "15",
                 "--eval_tokens", "1024", "--stat_tokens", "256", "--log_every", "5",
-                "--save_every", "10"])
+                "--save_every", "10", "--keep_every", "15"]
+    train.main(argv)
     ln_v = math.log(50304)
     summary = read_summary(out)
     assert set(summary) == SUMMARY_KEYS
@@ -120,8 +121,14 @@ def test_tiny_run_on_text_learns_and_fills_the_run_folder(text_data, tmp_path, c
     assert ckpt["step"] == 30 and ckpt["config"] == config
     assert not any(key.startswith("_orig_mod.") for key in ckpt["model"])
 
+    for step in (0, 15, 30):                                 # weights-only snapshots
+        snapshot = torch.load(out / f"ckpt_step{step:07d}.pt", weights_only=True)
+        assert set(snapshot) == {"model", "step", "config"} and snapshot["step"] == step
+
     printed = capsys.readouterr().out
     assert "step 30/30 | loss" in printed and "tok/s" in printed and "ETA" in printed
+    assert train.main(argv + ["--resume"]) is None           # finished: nothing to do
+    assert read_summary(out) == summary
 
 
 def test_mu_center_run_logs_zero_mean_embedding_at_every_step(markov_data, tmp_path):
@@ -248,11 +255,18 @@ def error_of(argv, capsys):
     (["--eval_tokens", "10000000"], "--eval_tokens=10000000 must cover"),
     (["--vocab_size", "32"], "outside the model's vocabulary of 32"),
     (["--data", "/nonexistent/shards"], "no train shards"),
+    (["--device", "toaster"], "--device 'toaster' is not a torch device"),
 ])
 def test_bad_input_ends_in_one_clear_sentence(markov_data, tmp_path, capsys, extra, expected):
     message = error_of(tiny(markov_data, tmp_path, *extra), capsys)
     assert expected in message
     assert not (tmp_path / "ckpt.pt").exists() and not (tmp_path / "log.jsonl").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_asking_for_a_missing_gpu_is_a_clear_error(markov_data, tmp_path, capsys):
+    assert "no GPU is visible; use --device cpu" in \
+        error_of(tiny(markov_data, tmp_path, "--device", "cuda"), capsys)
 
 
 def test_existing_runs_are_not_overwritten_and_resume_checks_the_settings(markov_data, tmp_path,
