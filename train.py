@@ -246,13 +246,20 @@ def open_data(args, ctx: Dist):
         loader.check_vocab(args.vocab_size)
         for name in ("eval_tokens", "stat_tokens"):
             try:
-                data.val_batches(args.data, getattr(args, name), args.micro_batch,
-                                 args.seq_len, ctx.rank, ctx.world_size)
+                val_batches(getattr(args, name), args, ctx)
             except ValueError as err:
                 raise ValueError(str(err).replace("eval_tokens", f"--{name}")) from None
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     return loader
+
+
+def val_batches(tokens: int, args, ctx: Dist):
+    """This rank's share of the first `tokens` validation tokens (at least one micro-batch per
+    rank, so that the paper's 131,072 statistics tokens also work on 8 GPUs)."""
+    tokens = max(tokens, ctx.world_size * args.micro_batch * args.seq_len)
+    return data.val_batches(args.data, tokens, args.micro_batch, args.seq_len, ctx.rank,
+                            ctx.world_size)
 
 
 def device_batches(loader, device):
@@ -427,8 +434,7 @@ def evaluate(model, args, ctx: Dist, amp) -> float:
     its share and the sums are added over ranks."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # Σ CE, tokens
-    for x, y in data.val_batches(args.data, args.eval_tokens, args.micro_batch, args.seq_len,
-                                 ctx.rank, ctx.world_size):
+    for x, y in val_batches(args.eval_tokens, args, ctx):
         x, y = x.to(ctx.device), y.to(ctx.device)
         with amp:
             _, stats = model(x, y)
@@ -442,8 +448,7 @@ def evaluate(model, args, ctx: Dist, amp) -> float:
 def final_logit_stats(model: GPT, args, ctx: Dist, amp) -> dict:
     """Logit statistics over the first --stat_tokens validation tokens (paper: ~131k)."""
     sums = torch.zeros(5, dtype=torch.float64, device=ctx.device)
-    for x, _ in data.val_batches(args.data, args.stat_tokens, args.micro_batch, args.seq_len,
-                                 ctx.rank, ctx.world_size):
+    for x, _ in val_batches(args.stat_tokens, args, ctx):
         sums += logit_sums(model, x.to(ctx.device), amp)
     return logit_stats(sums)
 

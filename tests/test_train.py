@@ -336,6 +336,13 @@ def test_logit_statistics_match_a_float64_reference():
     assert stats["logit_absmax"] <= 2                        # the cap holds
 
 
+def test_too_few_validation_tokens_still_give_one_micro_batch_per_rank(markov_data):
+    args = train.parse_args(tiny(markov_data, "unused", "--stat_tokens", "1"))
+    rank1_of_2 = train.Dist(rank=1, local_rank=1, world_size=2, device=torch.device("cpu"))
+    batches = list(train.val_batches(args.stat_tokens, args, rank1_of_2))
+    assert len(batches) == 1 and batches[0][0].shape == (2, 32)
+
+
 @pytest.mark.parametrize("name, peak", [("NVIDIA A100-SXM4-80GB", 312e12),
                                         ("NVIDIA H100 80GB HBM3", 989e12),
                                         ("NVIDIA H100 PCIe", 756e12),
