@@ -660,46 +660,47 @@ def run_trivial(args) -> dict:
 
     Inside a sequence the next token is certain; only the last target of each row starts a new
     sequence, uniform over ~V tokens. So the best possible loss is ln(V)/seq_len and chance is
-    ln V. Each V gets its own data (data.py synthetic) and run (train.py), both skipped when
-    already there, so an interrupted sweep resumes. A fixed number of steps means that a token
-    occurs in about steps·batch/V sequences: the table says so (seqs_per_token)."""
+    ln V. A token occurs in about steps·batch/V training sequences, so at a fixed number of
+    steps a large vocabulary is also a rarely seen one; --seqs_per_token S removes that
+    confound by training each V for max(--steps, ⌈S·V/batch⌉) steps. Each V gets fresh data
+    (data.py synthetic, enough that no sequence repeats) and its own run (train.py); both are
+    skipped when already there, so an interrupted sweep resumes."""
     here, out = Path(__file__).resolve().parent, Path(args.out)
-    batch = args.batch_size
-    per_step = batch * args.seq_len
-    eval_steps = min(16, int(args.trivial_tokens * data.VAL_FRACTION - 1) // per_step)
+    batch, T = args.batch_size, args.seq_len
+    eval_steps = min(16, int(args.trivial_tokens * data.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
         raise ValueError(f"--trivial_tokens {args.trivial_tokens} leaves less than one batch of "
-                         f"{per_step} validation tokens; raise it to at least {11 * per_step}.")
-    eval_tokens = eval_steps * per_step
-    train_settings = [*DEFAULTS["trivial_train"], "--batch_size", batch, "--micro_batch", batch,
-                      "--eval_tokens", eval_tokens, "--stat_tokens", eval_tokens,
-                      "--warmup", max(1, args.steps // 10), *(["--tie"] if args.tie else []),
-                      *args.train_args]  # train.py's argparse: a repeated option's last value wins
+                         f"{batch * T} validation tokens; raise it to at least {11 * batch * T}.")
+    eval_tokens = eval_steps * batch * T
     rows = []
     for V in args.vocabs:
-        data_dir = out / f"repeat_V{V}_T{args.seq_len}"
-        run_dir = out / f"{args.size}_{args.head}_tie{int(args.tie)}_V{V}"
+        steps = max(args.steps, math.ceil(args.seqs_per_token * V / batch))
+        n_tokens = max(args.trivial_tokens, math.ceil(steps * batch * T / (1 - data.VAL_FRACTION)))
+        data_dir = out / f"repeat_V{V}_T{T}_N{n_tokens}"
+        run_dir = out / f"{args.size}_{args.head}_tie{int(args.tie)}_V{V}_steps{steps}"
         if not list(data_dir.glob("*val*.bin")):
             run_script(here / "data.py", "synthetic", "--task", "repeat", "--vocab", V,
-                       "--tokens", args.trivial_tokens, "--seq_len", args.seq_len,
-                       "--out", data_dir, "--seed", args.seed)
+                       "--tokens", n_tokens, "--seq_len", T, "--out", data_dir, "--seed", args.seed)
         if not (run_dir / "summary.json").is_file():
             run_script(here / "train.py", "--size", args.size, "--head", args.head,
                        "--vocab_size", V, "--data", data_dir, "--out_dir", run_dir,
-                       "--steps", args.steps, "--seq_len", args.seq_len, "--device", args.device,
-                       "--seed", args.seed, *train_settings)
+                       "--steps", steps, "--warmup", max(1, steps // 10), "--seq_len", T,
+                       "--batch_size", batch, "--micro_batch", batch, "--eval_tokens", eval_tokens,
+                       "--stat_tokens", eval_tokens, "--device", args.device, "--seed", args.seed,
+                       *(["--tie"] if args.tie else []), *DEFAULTS["trivial_train"],
+                       *args.train_args)  # train.py's argparse: a repeated option's last value wins
         summary = json.loads((run_dir / "summary.json").read_text())
-        rows.append(dict(vocab=V, val_loss=summary["val_loss"], init_loss=summary["init_loss"],
-                         chance=math.log(V), floor=math.log(V) / args.seq_len,
-                         seqs_per_token=args.steps * batch / V, diverged=summary["diverged"]))
+        rows.append(dict(vocab=V, steps=steps, seqs_per_token=steps * batch / V,
+                         val_loss=summary["val_loss"], floor=math.log(V) / T, chance=math.log(V),
+                         diverged=summary["diverged"]))
     print_table([list(r.values()) for r in rows], list(rows[0]),
                 f"trivial: repeat task, size {args.size} (D = {model.SIZES[args.size]['n_embd']}), "
-                f"head {args.head}, tie {args.tie}, {args.steps} steps of {batch} sequences of "
-                f"{args.seq_len}; floor = ln(V)/seq_len is the best possible loss, chance = ln V")
+                f"head {args.head}, tie {args.tie}, batches of {batch} sequences of {T}; "
+                "floor = ln(V)/seq_len is the best possible loss, chance = ln V")
     if args.plot:
         plot_trivial(rows, f"{args.size}, tie {args.tie}", args.plot)
-    return dict(size=args.size, head=args.head, tie=args.tie, steps=args.steps,
-                seq_len=args.seq_len, runs=rows)
+    return dict(size=args.size, head=args.head, tie=args.tie, seq_len=T, batch_size=batch,
+                runs=rows)
 
 
 def run_script(script: Path, *argv) -> None:
@@ -879,6 +880,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     trivial.add_argument("--steps", type=positive_int, default=DEFAULTS["trivial_steps"])
     trivial.add_argument("--seq_len", type=positive_int, default=DEFAULTS["trivial_seq_len"])
     trivial.add_argument("--batch_size", type=positive_int, default=DEFAULTS["trivial_batch"])
+    trivial.add_argument("--seqs_per_token", type=float, default=0.0,
+                         help="train each V for at least S·V/batch steps (equal exposure per token)")
     trivial.add_argument("--trivial_tokens", type=positive_int, default=DEFAULTS["trivial_tokens"])
     trivial.add_argument("--train_args", nargs=argparse.REMAINDER, default=[],
                          help="everything after this goes to train.py as is (e.g. --lr 3e-3)")

@@ -318,13 +318,14 @@ def test_cli_on_snapshots_written_by_train_py(markov_dir, tmp_path):
 
 
 def test_cli_trivial_trains_one_vocabulary_end_to_end(tmp_path):
-    out = cli("trivial", "--out", tmp_path, "--vocabs", 8, "--steps", 2, "--batch_size", 2,
-              "--seq_len", 16, "--trivial_tokens", 2000, "--plot", tmp_path / "t.png",
-              "--train_args", "--lr", "1e-3")
+    out = cli("trivial", "--out", tmp_path, "--vocabs", 8, "--steps", 1, "--seqs_per_token", 1,
+              "--batch_size", 2, "--seq_len", 16, "--trivial_tokens", 2000,
+              "--plot", tmp_path / "t.png", "--train_args", "--lr", "1e-3")
     row, = out["runs"]
-    assert row["vocab"] == 8 and row["chance"] == pytest.approx(math.log(8))
-    assert row["floor"] == pytest.approx(math.log(8) / 16) and row["seqs_per_token"] == 2 * 2 / 8
+    assert row["vocab"] == 8 and row["steps"] == 4  # max(--steps, ⌈1·8/2⌉)
+    assert row["seqs_per_token"] == 1 and row["chance"] == pytest.approx(math.log(8))
+    assert row["floor"] == pytest.approx(math.log(8) / 16)
     assert math.isfinite(row["val_loss"]) and not row["diverged"]
-    config = json.loads((tmp_path / "tiny_baseline_tie0_V8" / "config.json").read_text())
+    config = json.loads((tmp_path / "tiny_baseline_tie0_V8_steps4" / "config.json").read_text())
     assert config["vocab_size"] == 8 and config["lr"] == 1e-3  # --train_args reach train.py
     assert (tmp_path / "t.png").stat().st_size > 1000
