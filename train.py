@@ -515,6 +515,10 @@ def load_checkpoint(path: Path, config: dict) -> dict:
     except Exception as err:  # unpickling errors come in many types; all mean "unusable file"
         fail(f"{path} cannot be read as a checkpoint ({type(err).__name__}); delete it to "
              f"start afresh")
+    needed = ("model", "optimizer", "step", "loader", "rng", "config", "init_loss", "train_time_s")
+    if not isinstance(ckpt, dict) or any(key not in ckpt for key in needed):
+        fail(f"{path} is not a checkpoint of train.py (it lacks some of {', '.join(needed)}); "
+             f"delete it to start afresh")
     for key in RUN_DEFINING:
         if ckpt["config"].get(key) != config[key]:
             fail(f"--resume: {path} was trained with --{key} {ckpt['config'].get(key)}, not "

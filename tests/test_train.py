@@ -263,6 +263,24 @@ def test_bad_input_ends_in_one_clear_sentence(markov_data, tmp_path, capsys, ext
     assert not (tmp_path / "ckpt.pt").exists() and not (tmp_path / "log.jsonl").exists()
 
 
+class Payload:
+    """Unpickling this runs code: it creates the file `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_a_checkpoint_cannot_run_code(markov_data, tmp_path, capsys):
+    marker = tmp_path / "code_ran"
+    torch.save({"model": Payload(marker)}, tmp_path / "ckpt.pt")
+    message = error_of(tiny(markov_data, tmp_path, "--resume"), capsys)
+    assert "cannot be read as a checkpoint" in message
+    assert not marker.exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_asking_for_a_missing_gpu_is_a_clear_error(markov_data, tmp_path, capsys):
     assert "no GPU is visible; use --device cpu" in \
