@@ -94,11 +94,10 @@ def run_script(args, cwd=None, **env):
 
 def test_tiny_run_on_text_learns_and_fills_the_run_folder(text_data, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["--size", "tiny", "--device", "cpu", "--data", str(text_data), "--out_dir",
-                str(out), "--steps", "30", "--warmup", "5", "--lr", "1e-2", "--batch_size", "4",
-                "--micro_batch", "4", "--seq_len", "32", "--eval_every", "15",
-                "--eval_tokens", "1024", "--stat_tokens", "256", "--log_every", "5",
-                "--save_every", "10", "--keep_every", "15"]
+    argv = ["--size", "tiny", "--device", "cpu", "--data", str(text_data), "--out_dir", str(out),
+            "--steps", "30", "--warmup", "5", "--lr", "1e-2", "--batch_size", "4",
+            "--micro_batch", "4", "--seq_len", "32", "--eval_every", "15", "--eval_tokens", "1024",
+            "--stat_tokens", "256", "--log_every", "5", "--save_every", "10", "--keep_every", "15"]
     train.main(argv)
     ln_v = math.log(50304)
     summary = read_summary(out)
@@ -107,6 +106,7 @@ def test_tiny_run_on_text_learns_and_fills_the_run_folder(text_data, tmp_path, c
     assert summary["val_loss"] < ln_v - 3                    # well below ln V after 30 steps
     assert summary["diverged"] is False and summary["tokens"] == 30 * 4 * 32
     assert summary["logit_std"] > 0 and summary["logit_absmax"] >= abs(summary["logit_mean"])
+    assert summary["mu_norm"] > 0.1                          # baseline: the common shift grows
 
     log = read_log(out)
     assert [r["step"] for r in log] == [5, 10, 15, 20, 25, 30]
