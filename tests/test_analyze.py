@@ -318,6 +318,8 @@ def test_cli_on_snapshots_written_by_train_py(markov_dir, tmp_path):
 
 
 def test_cli_trivial_trains_one_vocabulary_end_to_end(tmp_path):
+    # data already there (as after an interrupted sweep) is reused: only train.py runs
+    data.prepare_synthetic("repeat", 8, 2000, tmp_path / "repeat_V8_T16_N2000", seq_len=16)
     out = cli("trivial", "--out", tmp_path, "--vocabs", 8, "--steps", 1, "--seqs_per_token", 1,
               "--batch_size", 2, "--seq_len", 16, "--trivial_tokens", 2000,
               "--plot", tmp_path / "t.png", "--train_args", "--lr", "1e-3")
