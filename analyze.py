@@ -629,7 +629,14 @@ def run_tying(args) -> dict:
 
 
 def run_signatures(args) -> dict:
-    """Alignment of the embeddings' similarity structure with each probability signature."""
+    """Alignment of the embeddings' similarity structure with each probability signature.
+
+    Per checkpoint and per signature S (K×K, see `signature`), the similarity_alignment of the
+    centred input (or output) embeddings of the K most frequent training tokens with the rows of
+    S. What to expect: an input embedding x is trained through what follows it, so its
+    first-order signature is the label one (+1); an output embedding eᵧ is pulled towards the
+    hidden states of the contexts that precede y, so its first-order signature is P(x₋₁ | y)
+    (−1). The context staircase is the higher orders (−2, −3, …) catching up later."""
     snapshots = run_models(args.run, args.device, all_steps=True)
     first = next(snapshots)
     tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
