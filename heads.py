@@ -107,7 +107,8 @@ class Head(nn.Module):
         return logits
 
     def regulariser(self, weight, log_z, keep):
-        return log_z.new_zeros(())
+        """The term added to CE (0-dim tensor), or None where the variant adds nothing."""
+        return None
 
     def logits(self, h, weight):
         """Logits over the whole vocabulary, (..., V), upcast to at least float32."""
@@ -123,6 +124,9 @@ class Head(nn.Module):
         ce, log_z, keep = cross_entropy_and_log_z(logits.reshape(-1, logits.shape[-1]),
                                                   targets.reshape(-1))
         reg = self.regulariser(weight, log_z, keep)
+        if reg is None:  # the loss is ce itself, not ce + 0: torch.compile (2.13) folds ce + 0
+            # into an alias of ce, which then loses its grad next to the ce.detach() of the stats
+            return ce, {"ce": ce.detach(), "reg": torch.zeros_like(ce)}
         return ce + reg, {"ce": ce.detach(), "reg": reg.detach()}
 
     @torch.no_grad()
