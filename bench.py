@@ -68,6 +68,8 @@ def parse_args(argv=None):
       help="torch.compile, as train.py (default: on CUDA only)")
     a("--loss_tokens", type=train.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
+    a("--no_train", action="store_true",
+      help="skip the training step: only the LM head alone (needs --loss_tokens)")
     a("--json", type=Path, default=None, help="write the results here (atomically)")
     args = p.parse_args(argv)
     if args.device == "auto":
@@ -87,6 +89,8 @@ def parse_args(argv=None):
         args.dtype = "bfloat16" if device_type == "cuda" else "float32"
     if args.compile is None:
         args.compile = device_type == "cuda"
+    if args.no_train and not args.loss_tokens:
+        p.error("--no_train leaves nothing to measure; add --loss_tokens N")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
     args.impls = ["plain", "chunked"] if args.loss_impl == "both" else [args.loss_impl]
     return args
@@ -292,6 +296,13 @@ def fmt_ratio(x):
 
 
 def print_tables(result):
+    if result["train"]:
+        print_train_tables(result)
+    if result["loss_path"]:
+        print_loss_table(result)
+
+
+def print_train_tables(result):
     train_rows, args = result["train"], result["settings"]
     print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
           f"{result['device_name']}, {args['dtype']}, {'compiled' if args['compile'] else 'eager'}, "
@@ -309,14 +320,19 @@ def print_tables(result):
         print(f"{r['size']:>6} {r['head']:>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
               f"{r['tokens_per_s']:>10,.0f} {mfu:>6} {fmt_bytes(r['peak_mem_bytes']):>10} "
               f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
-    if result["loss_path"]:
-        print(f"\nLM head alone, forward + backward ({result['memory_measure']})")
-        print(f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'loss':>8} {'ms':>8} {'peak mem':>10} "
-              f"{'vs plain':>9} {'mem ÷':>6}")
-        for r in result["loss_path"]:
-            print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
-                  f"{r['loss_impl']:>8} {1e3 * r['time_s']:>8.1f} {fmt_bytes(r['peak_mem_bytes']):>10} "
-                  f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
+
+
+def print_loss_table(result):
+    args = result["settings"]
+    print(f"\nLM head alone, forward + backward; {result['device_name']}, {args['dtype']}, "
+          f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}; "
+          f"peak memory: {result['memory_measure']}")
+    print(f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'loss':>8} {'ms':>8} {'peak mem':>10} "
+          f"{'vs plain':>9} {'mem ÷':>6}")
+    for r in result["loss_path"]:
+        print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
+              f"{r['loss_impl']:>8} {1e3 * r['time_s']:>8.1f} {fmt_bytes(r['peak_mem_bytes']):>10} "
+              f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
 
 
 def device_name(device):
@@ -330,6 +346,9 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # as train.py: TF32 where autocast leaves float32
+    # Every head and loss path is its own compiled graph of GPT.forward; beyond torch's default
+    # limit of 8 per function the rest would silently run uncompiled.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     result = {"device_name": device_name(device), "torch": torch.__version__,
               "peak_flops": train.peak_flops(device, args.dtype),
               "memory_measure": ("torch.cuda.max_memory_allocated above the start"
@@ -337,7 +356,8 @@ def main(argv=None):
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
               "train": [], "loss_path": []}
     for size in args.sizes:
-        result["train"] += bench_size(args, size)
+        if not args.no_train:
+            result["train"] += bench_size(args, size)
         if args.loss_tokens:
             result["loss_path"] += bench_loss_path(args, size)
         if args.json:  # after every size, so an interrupted run keeps what it measured

@@ -1,5 +1,6 @@
 """bench.py: a tiny CPU run end to end (JSON fields and sane values), and its measuring parts."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,11 @@ TINY = ["--device", "cpu", "--sizes", "tiny", "--steps", "2", "--warmup", "1", "
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
+    # One thread: on a shared, busy CPU OpenMP's waiting threads make steps 100× slower.
     proc = subprocess.run([sys.executable, "bench.py", *TINY, "--loss_impl", "both",
                            "--loss_tokens", "64", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text()), proc.stdout
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The speed targets of issue 7 on one H100/H200 in under 5 minutes: bf16, seq 2048, micro-batch
+# 16, torch.compile, synthetic tokens (no data, no internet).
+#
+#   bash scripts/gpu_bench.sh          # JSON and logs under ${OUT:-out}/, tables on stdout
+#
+# Phases, most important first; each has a time cap and all together stay within BUDGET_S:
+#   1. heads_16M   every head × {plain, chunked} loss path at 16M: head overhead (targets ≤ 2%,
+#                  ≤ 0.5% for mu_loss/mu_center), MFU at 16M (≥ 30%), chunked vs plain step
+#                  time (≤ +5%) and step peak memory
+#   2. loss_alone  the LM head alone, eager, 32768 tokens × V 50304 at D = 224 and 832:
+#                  peak memory of plain vs chunked (target ≥ 3× lower) and time
+#   3. mfu_221M    baseline at 221M, plain and chunked: MFU (≥ 50%)
+# A summary of every target against its measurement closes the output.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR="${OUT:-out}"
+BUDGET_S="${BUDGET_S:-285}"
+mkdir -p "$OUT_DIR"
+START=$SECONDS
+COMMON=(--device cuda --dtype bfloat16 --compile --seq_len 2048 --micro_batch 16)
+
+phase() {  # phase NAME CAP_S BENCH_ARGS...
+  local name=$1 cap=$2
+  shift 2
+  local left=$((BUDGET_S - (SECONDS - START)))
+  ((left < cap)) && cap=$left
+  if ((cap < 30)); then
+    echo "== $name: skipped, the time budget is spent"
+    return
+  fi
+  echo "== $name (at most ${cap}s)"
+  timeout "$cap" python bench.py "${COMMON[@]}" "$@" --json "$OUT_DIR/bench_$name.json" \
+    > "$OUT_DIR/bench_$name.log" 2>&1
+  local rc=$?
+  grep -v -i warn "$OUT_DIR/bench_$name.log" | tail -n 40
+  ((rc == 124)) && echo "== $name: stopped at its cap of ${cap}s (partial or no JSON)"
+  ((rc != 0 && rc != 124)) && echo "== $name: failed with exit code $rc, see $OUT_DIR/bench_$name.log"
+  echo "== $name: $((SECONDS - START))s elapsed"
+}
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+phase heads_16M 170 --sizes 16M --loss_impl both --steps 20 --warmup 3
+phase loss_alone 45 --no-compile --no_train --sizes 16M 221M --heads baseline soft_cap z_loss \
+  --loss_impl both --loss_tokens 32768 --steps 5 --warmup 1
+phase mfu_221M 100 --sizes 221M --heads baseline --loss_impl both --steps 10 --warmup 3
+
+OUT_DIR="$OUT_DIR" python - <<'PY'
+"""Each target of issue 7 next to what the phases above measured."""
+import json, os
+from pathlib import Path
+
+out = Path(os.environ["OUT_DIR"])
+def rows(name, part):
+    path = out / f"bench_{name}.json"
+    return json.loads(path.read_text())[part] if path.exists() else []
+heads16, alone, big = rows("heads_16M", "train"), rows("loss_alone", "loss_path"), rows("mfu_221M", "train")
+checks = []
+for r in heads16:
+    if r["head"] != "baseline":
+        limit = 0.005 if r["head"] in ("mu_loss", "mu_center") else 0.02
+        checks.append((f"16M {r['head']} overhead ({r['loss_impl']})", f"<= {100 * limit:.1f}%",
+                       f"{100 * r['overhead']:+.2f}%", r["overhead"] <= limit))
+for r in heads16 + big:
+    if r["head"] == "baseline" and r["mfu"] is not None:
+        limit = 0.30 if r["size"] == "16M" else 0.50
+        checks.append((f"{r['size']} MFU ({r['loss_impl']})", f">= {100 * limit:.0f}%",
+                       f"{100 * r['mfu']:.1f}%", r["mfu"] >= limit))
+for r in heads16 + big:
+    if r["loss_impl"] == "chunked" and r["vs_plain"] is not None:
+        checks.append((f"{r['size']} {r['head']} chunked step time", "<= +5%",
+                       f"{100 * r['vs_plain']:+.1f}%", r["vs_plain"] <= 0.05))
+for r in alone + heads16:
+    if r["loss_impl"] == "chunked" and r["mem_reduction"] is not None:
+        what = "loss alone" if "time_s" in r else "step"
+        checks.append((f"{r['size']} {r['head']} chunked peak memory ({what})", ">= 3x lower",
+                       f"{r['mem_reduction']:.1f}x lower", r["mem_reduction"] >= 3))
+print(f"\n{'target':<48} {'goal':>12} {'measured':>14}  met")
+for name, goal, got, ok in checks:
+    print(f"{name:<48} {goal:>12} {got:>14}  {'yes' if ok else 'NO'}")
+if not checks:
+    print("nothing was measured; see the logs under", out)
+PY
+echo "total $((SECONDS - START))s; JSON and logs in $OUT_DIR/"
