@@ -591,7 +591,14 @@ def embedding_geometry(A: torch.Tensor, B: torch.Tensor, k: int) -> dict:
 
 
 def run_tying(args) -> dict:
-    """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share."""
+    """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share.
+
+    Geometry compares three V×D matrices over the K most frequent training tokens: the tied
+    matrix T and the untied run's input matrix E_in and output matrix E_out. Their starting
+    points are not independent: with the paper's init (model.py) and equal seeds, T starts as
+    the very Xavier draw that E_out starts from. So where both runs kept a step-0 snapshot the
+    table also compares the moves since init, ΔT = T − T₀ etc., which carry no shared start.
+    """
     (tied, tied_cfg, tied_step), = run_models(args.tied, args.device, all_steps=False)
     (untied, _, untied_step), = run_models(args.untied, args.device, all_steps=False)
     if not tied.config.tie or untied.config.tie:
@@ -599,20 +606,30 @@ def run_tying(args) -> dict:
     data_dir = args.data or tied_cfg["data"]
     ids = torch.from_numpy(frequent_tokens(training_tokens(data_dir, args.sig_tokens), args.top_k))
 
-    def rows_of(weight):
-        return weight.detach().double().cpu()[ids]
+    def matrices(tied_model, untied_model):
+        return {name: weight.detach().double().cpu()[ids] for name, weight in
+                (("tied", tied_model.wte.weight), ("untied input", untied_model.wte.weight),
+                 ("untied output", untied_model.output_weight))}
 
-    shared, inputs = rows_of(tied.wte.weight), rows_of(untied.wte.weight)
-    outputs = rows_of(untied.output_weight)
-    geometry = {"tied vs untied input": embedding_geometry(shared, inputs, args.knn),
-                "tied vs untied output": embedding_geometry(shared, outputs, args.knn),
-                "untied input vs output": embedding_geometry(inputs, outputs, args.knn)}
+    pairs = (("tied", "untied input"), ("tied", "untied output"), ("untied input", "untied output"))
+    final = matrices(tied, untied)
+    geometry = {f"{a} vs {b}": embedding_geometry(final[a], final[b], args.knn) for a, b in pairs}
+    starts = [Path(run) / "ckpt_step0000000.pt" for run in (args.tied, args.untied)]
+    if all(path.is_file() for path in starts):
+        start = matrices(*(load_checkpoint(path, args.device)[0] for path in starts))
+        for a, b in pairs:
+            geometry[f"{a} vs {b} at init"] = embedding_geometry(start[a], start[b], args.knn)
+            geometry[f"Δ{a} vs Δ{b} since init"] = embedding_geometry(
+                final[a] - start[a], final[b] - start[b], args.knn)
     columns = ("identity", "procrustes", "lstsq", "knn_overlap")
+    D = tied.config.n_embd
+    note = (f"; note: K ≤ D = {D}, so a linear map fits any K points: raise --top_k"
+            if len(ids) <= D else "")
     print_table([[name, *(g[c] for c in columns)] for name, g in geometry.items()],
                 ("matrices", *columns),
                 f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, "
-                f"{len(ids)} most frequent tokens; tied step {tied_step}, "
-                f"untied step {untied_step}")
+                f"K = {len(ids)} most frequent tokens; tied step {tied_step}, "
+                f"untied step {untied_step}{note}")
     shares = []
     for name, run in (("tied", args.tied), ("untied", args.untied)):
         for gpt, cfg, step in run_models(run, args.device, all_steps=True):

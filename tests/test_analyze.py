@@ -202,16 +202,19 @@ def test_tied_gradient_split_equals_the_untied_twin():
 # ───────────────────────────── CLI on run folders and fresh models ─────────────────────────────
 
 def write_run(run_dir, data_dir, tie, shift_per_step, steps=(0, 10)):
-    """A run folder in train.py's format whose output embedding drifts by a common shift."""
+    """A run folder in train.py's format whose output embedding drifts by a common shift
+    (and a little per token, so that the moves since init have a geometry of their own)."""
     cfg = dict(size="tiny", head="baseline", tie=tie, lam=None, cap=None, vocab_size=VOCAB,
                seq_len=64, data=str(data_dir), lr=1e-3, steps=steps[-1])
     gpt = tiny_model(tie)
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(cfg))
-    direction = torch.randn(gpt.config.n_embd, generator=torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(2)
+    direction = torch.randn(gpt.config.n_embd, generator=generator)
     for i, step in enumerate(steps):
         with torch.no_grad():
-            gpt.output_weight.add_(shift_per_step * (i > 0) * direction)
+            move = direction + 0.1 * torch.randn(gpt.output_weight.shape, generator=generator)
+            gpt.output_weight.add_(shift_per_step * (i > 0) * move)
         name = "ckpt.pt" if step == steps[-1] else f"ckpt_step{step:07d}.pt"
         torch.save(dict(model=gpt.state_dict(), step=step, config=cfg), run_dir / name)
     return run_dir
@@ -283,8 +286,13 @@ def test_cli_tying(runs, capsys):
     out = cli("tying", "--tied", runs["tied"], "--untied", runs["untied"], "--top_k", 48,
               "--sig_tokens", 50_000, "--batch_size", 2)
     assert out["tokens"] == 48
-    for pair in out["geometry"].values():
-        assert -1 <= pair["identity"] <= pair["lstsq"] <= 1 and 0 <= pair["knn_overlap"] <= 1
+    geometry = out["geometry"]
+    for pair in geometry.values():
+        assert -1 <= pair["identity"] <= 1 and -1 <= pair["lstsq"] <= 1 and 0 <= pair["knn_overlap"] <= 1
+    # model.py's init: the tied matrix starts as the untied output matrix's Xavier draw
+    assert geometry["tied vs untied output at init"]["identity"] == pytest.approx(1, abs=1e-12)
+    assert abs(geometry["tied vs untied input at init"]["identity"]) < 0.1  # independent draws
+    assert "Δtied vs Δuntied output since init" in geometry
     shares = out["gradient_share"]
     assert [(s["run"], s["step"]) for s in shares] == [("tied", 0), ("tied", 10), ("untied", 0), ("untied", 10)]
     assert all(0 < s["share_norm"] < 1 for s in shares)
