@@ -13,10 +13,12 @@ by model.flops_per_token, attention and the LM head included, against the device
 peak from train.py; none on CPU), the peak memory of the step, and the overhead of the head
 relative to the baseline with the same loss path (Table 2 iii of the paper).
 
-Peak memory of a step is what it allocates above what was held before it (weights, gradients'
-absence, optimizer state): on CUDA from torch.cuda.max_memory_allocated; on Linux CPUs from the
-resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs), i.e. peak RSS growth;
-elsewhere it is not measured (null).
+Peak memory of a step is the most it holds at once above what was held before it (weights and
+optimizer state of every model in the process): activations, logits and gradients. On CUDA it
+comes from torch.cuda.max_memory_allocated; on Linux CPUs from the resident-set high-water mark
+(VmHWM, reset through /proc/self/clear_refs), i.e. peak RSS growth, which also counts allocator
+slack (page granularity); elsewhere it is not measured (null). On a shared, busy CPU run with
+OMP_NUM_THREADS=1: waiting OpenMP threads otherwise make small steps up to 100× slower.
 
 --loss_tokens N also times the LM head alone: forward + backward of head(h, W, targets) on N
 tokens at each size's width D and the vocabulary V, for both loss paths, with its peak memory.

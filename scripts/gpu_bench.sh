@@ -18,6 +18,7 @@ OUT_DIR="${OUT:-out}"
 BUDGET_S="${BUDGET_S:-285}"
 mkdir -p "$OUT_DIR"
 START=$SECONDS
+PYTHON="${PYTHON:-python3}"
 COMMON=(--device cuda --dtype bfloat16 --compile --seq_len 2048 --micro_batch 16)
 
 phase() {  # phase NAME CAP_S BENCH_ARGS...
@@ -30,7 +31,7 @@ phase() {  # phase NAME CAP_S BENCH_ARGS...
     return
   fi
   echo "== $name (at most ${cap}s)"
-  timeout "$cap" python bench.py "${COMMON[@]}" "$@" --json "$OUT_DIR/bench_$name.json" \
+  timeout "$cap" "$PYTHON" bench.py "${COMMON[@]}" "$@" --json "$OUT_DIR/bench_$name.json" \
     > "$OUT_DIR/bench_$name.log" 2>&1
   local rc=$?
   grep -v -i warn "$OUT_DIR/bench_$name.log" | tail -n 40
@@ -40,13 +41,13 @@ phase() {  # phase NAME CAP_S BENCH_ARGS...
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+"$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 phase heads_16M 170 --sizes 16M --loss_impl both --steps 20 --warmup 3
 phase loss_alone 45 --no-compile --no_train --sizes 16M 221M --heads baseline soft_cap z_loss \
   --loss_impl both --loss_tokens 32768 --steps 5 --warmup 1
 phase mfu_221M 100 --sizes 221M --heads baseline --loss_impl both --steps 10 --warmup 3
 
-OUT_DIR="$OUT_DIR" python - <<'PY'
+OUT_DIR="$OUT_DIR" "$PYTHON" - <<'PY'
 """Each target of issue 7 next to what the phases above measured."""
 import json, os
 from pathlib import Path
