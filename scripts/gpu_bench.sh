@@ -61,7 +61,7 @@ checks = []
 for r in heads16:
     if r["head"] != "baseline":
         limit = 0.005 if r["head"] in ("mu_loss", "mu_center") else 0.02
-        checks.append((f"16M {r['head']} overhead ({r['loss_impl']})", f"<= {100 * limit:.1f}%",
+        checks.append((f"{r['size']} {r['head']} overhead ({r['loss_impl']})", f"<= {100 * limit:.1f}%",
                        f"{100 * r['overhead']:+.2f}%", r["overhead"] <= limit))
 for r in heads16 + big:
     if r["head"] == "baseline" and r["mfu"] is not None:
