@@ -165,6 +165,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.head = head  # no parameters: logits, loss and after_step live in heads.py
+        self.check_token_ids = True  # see _check_tokens
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
@@ -220,9 +221,10 @@ class GPT(nn.Module):
         if T > block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {block_size}; pass at most "
                              f"{block_size} tokens or build the model with a larger block_size.")
-        # One min/max reduction and one host sync. Skipped while torch.compile traces the model,
-        # where a data-dependent branch would break the graph; there data.py's check_vocab guards.
-        if not torch.compiler.is_compiling():
+        # One min/max reduction and one host sync, which would stall a GPU on every step, and a
+        # data-dependent branch, which would break a torch.compile graph: so a caller whose data
+        # is already checked (train.py runs data.py's check_vocab) sets check_token_ids = False.
+        if self.check_token_ids and not torch.compiler.is_compiling():
             lo, hi = torch.stack(idx.aminmax()).tolist()
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}) but range "

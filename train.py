@@ -244,6 +244,7 @@ def open_data(args, ctx: Dist):
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
                                   ctx.world_size, split="train")
         loader.check_vocab(args.vocab_size)
+        data.ShardLoader(args.data, 1, 1, split="val").check_vocab(args.vocab_size)
         for name in ("eval_tokens", "stat_tokens"):
             try:
                 val_batches(getattr(args, name), args, ctx)
@@ -637,6 +638,7 @@ def train(args, ctx: Dist) -> GPT:
     if ctx.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     raw = build_model(args).to(ctx.device)
+    raw.check_token_ids = False  # open_data checked every shard's ids: no per-step host sync
     optimizer = make_optimizer(raw, args)
     state = {"step": 0, "init_loss": None, "train_time_s": 0.0}
     if args.resume and (out / "ckpt.pt").exists():

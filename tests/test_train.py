@@ -263,6 +263,20 @@ def test_bad_input_ends_in_one_clear_sentence(markov_data, tmp_path, capsys, ext
     assert not (tmp_path / "ckpt.pt").exists() and not (tmp_path / "log.jsonl").exists()
 
 
+def test_a_token_id_beyond_the_vocabulary_in_the_val_split_is_caught(markov_data, tmp_path,
+                                                                      capsys):
+    """Training data within the vocabulary does not vouch for the validation split."""
+    bad = tmp_path / "shards"
+    bad.mkdir()
+    for split in ("train", "val"):
+        tokens = data.read_shard(data.shard_paths(markov_data, split)[0]).copy()
+        if split == "val":
+            tokens[-1] = 64  # one id just outside --vocab_size 64
+        data.write_shard(bad / f"markov_{split}_000000.bin", tokens)
+    message = error_of(tiny(bad, tmp_path / "run"), capsys)
+    assert "outside the model's vocabulary of 64" in message
+
+
 class Payload:
     """Unpickling this runs code: it creates the file `marker`."""
 
