@@ -179,6 +179,7 @@ class Variant:
         self.targs = train_args(args, size, head)
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
+        self.raw.check_token_ids = False  # as train.py: no per-step host sync (ids are in range)
         self.raw.head.chunk_size = args.chunk_size if impl == "chunked" else None
         self.optimizer = train.make_optimizer(self.raw, self.targs)
         self.model = torch.compile(self.raw) if self.targs.compile else self.raw
