@@ -385,24 +385,27 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
 
 def _chunk_sums_and_grad(h_c, w, targets, n, cap, lam, want_grad):
     """One chunk of _ChunkedSoftmaxLoss: (Σ CE_r, Σ log²Z_r) over its kept tokens, and its
-    g = ∂L/∂a (C × V, in the matmul dtype; None when no gradient is wanted)."""
+    g = ∂L/∂a (C × V, in the matmul dtype; None when no gradient is wanted). Working in place
+    keeps one C × V float32 buffer alive, two with a soft-cap: every extra one costs a pass
+    over memory, which is what an LM head at large V is bound by."""
     keep = targets != IGNORE
     t_c = targets.clamp(min=0).unsqueeze(1)
-    logits = (h_c @ w.t()).to(_compute_dtype(w.dtype))
+    logits = (h_c @ w.t()).to(_compute_dtype(w.dtype))  # a fresh tensor: safe to change in place
     if cap is not None:
-        tanh = torch.tanh(logits / cap)
-        logits = cap * tanh
+        logits.div_(cap).tanh_().mul_(cap)  # l = c·tanh(a/c)
     log_z = torch.logsumexp(logits, dim=1)
     ce = torch.where(keep, log_z - logits.gather(1, t_c).squeeze(1), 0.0)
     sums = torch.stack([ce.sum(), torch.where(keep, log_z.square(), 0.0).sum()])
     if not want_grad:
         return sums, None
+    # ∂l/∂a = 1 − tanh²(a/c) = 1 − (l/c)², taken before the logits become g below
+    cap_slope = (logits / cap).square_().neg_().add_(1) if cap is not None else None
     row_scale = keep.to(logits.dtype) / n  # 1/n for kept tokens, 0 for ignored ones
-    g = torch.exp(logits - log_z.unsqueeze(1))  # p; then turned into g in place (no more C × V)
+    g = logits.sub_(log_z.unsqueeze(1)).exp_()  # p = exp(l − log Z), in the logits' buffer
     g.mul_((row_scale * (1 + 2 * lam * log_z)).unsqueeze(1))
     g.scatter_add_(1, t_c, -row_scale.unsqueeze(1))
-    if cap is not None:
-        g.mul_(1 - tanh.square())
+    if cap_slope is not None:
+        g.mul_(cap_slope)
     return sums, g.to(w.dtype)
 
 
