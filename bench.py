@@ -74,23 +74,12 @@ def parse_args(argv=None):
       help="skip the training step: only the LM head alone (needs --loss_tokens)")
     a("--json", type=Path, default=None, help="write the results here (atomically)")
     args = p.parse_args(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device_type = torch.device(args.device).type
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
+    device_type = train.resolve_device(args, p.error)
     if device_type not in SHAPES:
         p.error(f"--device {args.device} is not supported; use cpu or cuda")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
     for key, value in SHAPES[device_type].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if device_type == "cuda" else "float32"
-    if args.compile is None:
-        args.compile = device_type == "cuda"
     if args.no_train and not args.loss_tokens:
         p.error("--no_train leaves nothing to measure; add --loss_tokens N")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
@@ -163,12 +152,13 @@ def summarize(samples):
 # ---------------------------------------------------------------------------------------------
 # The training step of train.py, per size, head and loss path
 
-def train_args(args, size, head):
+def train_args(args, size, head, impl):
     """train.py's own settings for one variant: one micro-batch per step, no gradient accumulation."""
     argv = ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
             "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
             "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
-            "--seed", str(SEED), "--compile" if args.compile else "--no-compile"]
+            "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
+            "--loss_chunk", str(args.chunk_size if impl == "chunked" else 0)]
     return train.parse_args(argv)
 
 
@@ -176,11 +166,9 @@ class Variant:
     """One (head, loss path) of a size: model, optimizer and step exactly as train.py builds them."""
 
     def __init__(self, args, size, head, impl, batch):
-        self.targs = train_args(args, size, head)
+        self.targs = train_args(args, size, head, impl)
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
-        self.raw.check_token_ids = False  # as train.py: no per-step host sync (ids are in range)
-        self.raw.head.chunk_size = args.chunk_size if impl == "chunked" else None
         self.optimizer = train.make_optimizer(self.raw, self.targs)
         self.model = torch.compile(self.raw) if self.targs.compile else self.raw
         self.amp = train.autocast(self.device, self.targs.dtype)

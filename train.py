@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--micro_batch", type=positive_int, default=16, help="sequences per forward, per process")
     a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
     a("--seed", type=int, default=0, help="seed of the initial weights")
+    a("--loss_chunk", type=non_negative_int, default=0,
+      help="tokens per chunk of heads.chunked_loss (same loss and gradients without the N×V "
+           "logits in memory); 0 = the plain path")
     a("--data", default=data.DEFAULT_DATA,
       help="folder of *train*.bin / *val*.bin shards (the default is downloaded if missing)")
     a("--out_dir", default="out", help="run folder")
@@ -113,6 +116,25 @@ positive_int = _number(int, "an integer > 0", lambda v: v > 0)
 non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 
 
+def resolve_device(args, error) -> str:
+    """Turn --device/--dtype/--compile "auto" (or None) into what this machine has: CUDA with
+    bf16 autocast and torch.compile when a GPU is visible, else CPU in float32, uncompiled.
+    Calls error(message) for a device that is not usable. Returns the device type."""
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device_type = torch.device(args.device).type
+    except RuntimeError:
+        error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if device_type == "cuda" else "float32"
+    if args.compile is None:
+        args.compile = device_type == "cuda"
+    return device_type
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked and resolved (device, dtype, compile); bad input ends in
     parser.error: one sentence and exit code 2."""
@@ -131,19 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--batch_size {args.batch_size} must be a multiple of --micro_batch × "
                      f"processes = {args.micro_batch} × {world_size} = {per_pass}; change "
                      f"--batch_size or --micro_batch")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device_type = torch.device(args.device).type
-    except RuntimeError:
-        parser.error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device} asks for CUDA but no GPU is visible; "
-                     f"use --device cpu")
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if device_type == "cuda" else "float32"
-    if args.compile is None:
-        args.compile = device_type == "cuda"
+    resolve_device(args, parser.error)
     return args
 
 
@@ -281,8 +291,13 @@ def build_model(args) -> GPT:
     head = heads.build(args.head, lam=args.lam, cap=args.cap)
     config = config_for(args.size, vocab_size=args.vocab_size, block_size=args.seq_len,
                         tie=args.tie)
+    head.chunk_size = args.loss_chunk or None
     torch.manual_seed(args.seed)
-    return GPT(config, head)
+    model = GPT(config, head)
+    # The callers feed checked ids (train.py checks every shard in open_data, bench.py draws
+    # them in range), so the model's per-forward check and its host sync are not needed.
+    model.check_token_ids = False
+    return model
 
 
 def make_optimizer(model: GPT, args) -> torch.optim.AdamW:
@@ -638,7 +653,6 @@ def train(args, ctx: Dist) -> GPT:
     if ctx.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
     raw = build_model(args).to(ctx.device)
-    raw.check_token_ids = False  # open_data checked every shard's ids: no per-step host sync
     optimizer = make_optimizer(raw, args)
     state = {"step": 0, "init_loss": None, "train_time_s": 0.0}
     if args.resume and (out / "ckpt.pt").exists():

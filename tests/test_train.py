@@ -216,6 +216,19 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_p
     assert not any(key.startswith("_orig_mod.") for key in ckpt["model"])
 
 
+def test_chunked_loss_path_trains_like_the_plain_one(markov_data, tmp_path):
+    """--loss_chunk swaps in heads.chunked_loss: same losses, same weights, to float tolerance
+    (chunks of 24 tokens do not divide the 64-token micro-batches, so a ragged chunk is used)."""
+    common = ("--head", "z_loss", "--lam", "0.01")
+    plain = train.main(tiny(markov_data, tmp_path / "plain", *common))
+    chunked = train.main(tiny(markov_data, tmp_path / "chunked", *common, "--loss_chunk", "24"))
+    assert chunked.head.chunk_size == 24 and plain.head.chunk_size is None
+    for a, b in zip(read_log(tmp_path / "plain"), read_log(tmp_path / "chunked"), strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    for name, tensor in plain.state_dict().items():
+        torch.testing.assert_close(chunked.state_dict()[name], tensor, rtol=1e-4, atol=1e-5)
+
+
 def test_absurd_learning_rate_diverges_cleanly_with_exit_code_0(markov_data, tmp_path):
     done = run_script([str(ROOT / "train.py"), *tiny(markov_data, tmp_path, "--lr", "1e6",
                                                      "--log_every", "10", "--save_every", "2",
