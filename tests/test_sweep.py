@@ -397,8 +397,6 @@ def started(output):
     return runs
 
 
-@pytest.mark.skipif(not (ROOT / "train.py").exists() or not (ROOT / "data.py").exists(),
-                    reason="needs train.py and data.py")
 def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # two runs at once on two cores
     shards = tmp_path / "shards"
