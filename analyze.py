@@ -154,16 +154,10 @@ def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, ta
 
 
 def logit_statistics(logits: torch.Tensor) -> dict:
-    """Per-token statistics of a block of logits (N×V), as sums over its N rows.
-
-    For one token: mean l̄ = (1/V)·Σⱼ lⱼ, std σ = √((1/V)·Σⱼ (lⱼ − l̄)²) (population std over the
-    vocabulary), max |l| = maxⱼ |lⱼ|, log²Z = (log Σⱼ exp lⱼ)². Summed over rows so that blocks
-    add up; divide by N for the paper's per-token averages.
-    """
-    return dict(logit_mean=logits.mean(1).sum().item(),
-                logit_std=logits.std(1, correction=0).sum().item(),
-                logit_absmax=logits.abs().amax(1).sum().item(),
-                log2Z=(torch.logsumexp(logits, 1) ** 2).sum().item())
+    """Per-token statistics of a block of logits (N×V), as sums over its N rows (see
+    heads.logit_stat_sums): mean l̄ = (1/V)·Σⱼ lⱼ, population std σ over the vocabulary,
+    max |l| = maxⱼ |lⱼ|, log²Z = (log Σⱼ exp lⱼ)². Divide by N for the per-token averages."""
+    return dict(zip(heads.LOGIT_STATS, heads.logit_stat_sums(logits).tolist()))
 
 
 # ── gradient bottleneck (pure, float64) ───────────────────────────────────────────────────────

@@ -82,6 +82,21 @@ def cross_entropy_and_log_z(logits, targets):
     return token_mean(log_z - target_logit, keep), log_z, keep
 
 
+LOGIT_STATS = ("logit_mean", "logit_std", "logit_absmax", "log2Z")  # the order of logit_stat_sums
+
+
+def logit_stat_sums(logits):
+    """The paper's per-token logit statistics, summed over the N rows of `logits` (N, V), as a
+    float64 tensor in the order of LOGIT_STATS. For one token's logits l ∈ ℝⱽ:
+        l̄ = (1/V) Σᵢ lᵢ,   σ = √((1/V) Σᵢ (lᵢ − l̄)²),   maxᵢ |lᵢ|,   log²Z = (logsumexp l)².
+    Sums, so that chunks and processes add up; divided by the token count they are the means
+    over tokens that the paper reports (Sec. 3). No .item(): no device sync."""
+    std, mean = torch.std_mean(logits, dim=-1, correction=0)
+    log_z = torch.logsumexp(logits, dim=-1)
+    per_token = torch.stack((mean, std, logits.abs().amax(dim=-1), log_z.square()))
+    return per_token.double().sum(dim=1)
+
+
 # ---------------------------------------------------------------------------------------------
 # the heads
 

@@ -420,28 +420,24 @@ def mu_norm(model: GPT) -> torch.Tensor:
 
 @torch.no_grad()
 def logit_sums(model: GPT, x: torch.Tensor, amp) -> torch.Tensor:
-    """Σ over the tokens of x of the per-token statistics of the logits l ∈ ℝⱽ, float64 (5,):
-        l̄ = (1/V) Σᵢ lᵢ,   σ = √((1/V) Σᵢ (lᵢ − l̄)²),   maxᵢ |lᵢ|,   log²Z (log Z = logsumexp l),
-    and the token count. Divided by the count they give the paper's statistics: the mean over
-    tokens of each per-token value. Logits are made STAT_CHUNK tokens at a time."""
+    """Σ over the tokens of x of the per-token logit statistics (heads.logit_stat_sums: mean,
+    std, max |l|, log²Z), and the token count: float64 (5,). Divided by the count they give the
+    paper's statistics. Logits are made STAT_CHUNK tokens at a time."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
     sums = torch.zeros(5, dtype=torch.float64, device=h.device)
     for chunk in h.split(STAT_CHUNK):
         with amp:
             logits = model.head.logits(chunk, model.output_weight)
-        std, mean = torch.std_mean(logits, dim=-1, correction=0)
-        log_z = torch.logsumexp(logits, dim=-1)
-        per_token = torch.stack((mean, std, logits.abs().amax(dim=-1), log_z.square(),
-                                 torch.ones_like(mean)))
-        sums += per_token.double().sum(dim=1)
+        sums[:4] += heads.logit_stat_sums(logits)
+        sums[4] += chunk.shape[0]
     return sums
 
 
 def logit_stats(sums: torch.Tensor) -> dict:
     """The four means over all tokens of all processes, from logit_sums (all-reduced here)."""
     mean = (all_reduce_sum(sums)[:4] / sums[4]).tolist()
-    return dict(zip(("logit_mean", "logit_std", "logit_absmax", "log2Z"), mean))
+    return dict(zip(heads.LOGIT_STATS, mean))
 
 
 @torch.no_grad()
