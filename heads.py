@@ -97,6 +97,49 @@ def logit_stat_sums(logits):
     return per_token.double().sum(dim=1)
 
 
+PRECISION_STATS = ("prec_ce_gap", "prec_err_cast", "prec_err_round")  # order of the sums below
+
+
+@torch.no_grad()
+def precision_stat_sums(head, h, weight, targets, dtype):
+    """What the LM head loses to a matmul in `dtype` (bf16 under autocast), summed over the N
+    tokens of h (N, D) with targets (N,) ≠ -1, as float64 in the order of PRECISION_STATS,
+    followed by the token count. Three versions of one token's logits:
+        l⁰ = W·h           exact: float64 products of the float32 weights and hidden state
+        lᶜ = ⌊W⌋·⌊h⌋       W and h rounded to `dtype` (⌊·⌋), then exact float64 products
+        lʳ = ⌊⌊W⌋·⌊h⌋⌋     what the head runs: the matmul in `dtype`, its result rounded too
+    and, with σ = std over i of l⁰ᵢ (the informative spread of the logits),
+        prec_err_cast  = rms_i(lᶜᵢ − l⁰ᵢ) / σ    rounding of the *inputs*: a row eᵢ = μ + (eᵢ − μ)
+                         is stored with a spacing set by its largest coordinates, so a large
+                         common shift μ drowns the rows' informative part (eᵢ − μ)
+        prec_err_round = rms_i(lʳᵢ − lᶜᵢ) / σ    rounding of the *result*: bf16 keeps 8
+                         significant bits, so a logit lᵢ = l̄ + (lᵢ − l̄) far from 0 (a large
+                         common offset l̄ = μ·h, Lemma 1) is stored coarsely
+        prec_ce_gap    = CE(lʳ) − CE(l⁰)         what the loss pays for both (signed)
+    CE goes through the head's own capping, so soft_cap is measured as it trains. In float32
+    all three are ~1e-7, in bf16 ~1e-3 for a well-centred head; μ-centering sets μ = 0 and
+    l̄ = 0, which removes the part of both errors that the common shift causes."""
+    exact, dtype64 = h.float().double() @ weight.float().double().t(), torch.float64
+    h_low, w_low = h.float().to(dtype), weight.float().to(dtype)
+    cast = h_low.to(dtype64) @ w_low.to(dtype64).t()
+    rounded = F.linear(h_low, w_low).to(dtype64)
+    sigma = exact.std(dim=-1, correction=0).clamp(min=torch.finfo(dtype64).tiny)
+    keep = targets != IGNORE
+    t = targets.clamp(min=0).unsqueeze(-1)
+
+    def token_ce(logits):
+        logits = head.cap_logits(logits)
+        return torch.logsumexp(logits, dim=-1) - logits.gather(-1, t).squeeze(-1)
+
+    def rms(diff):
+        return diff.square().mean(dim=-1).sqrt() / sigma
+
+    per_token = torch.stack((token_ce(rounded) - token_ce(exact), rms(cast - exact),
+                             rms(rounded - cast)))
+    sums = torch.where(keep, per_token, 0.0).sum(dim=1)
+    return torch.cat((sums, keep.sum().to(dtype64).unsqueeze(0)))
+
+
 # ---------------------------------------------------------------------------------------------
 # the heads
 

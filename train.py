@@ -335,6 +335,7 @@ class StepResult:
     loss: torch.Tensor       # mean training loss over the global batch (0-dim, on the device)
     grad_norm: torch.Tensor  # ‖g‖₂ before clipping
     last_x: torch.Tensor     # this process's last micro-batch, for logit statistics
+    last_y: torch.Tensor     # and its targets
 
 
 def train_step(model, optimizer, next_batch, lr: float, grad_accum: int, amp) -> StepResult:
@@ -362,7 +363,7 @@ def train_step(model, optimizer, next_batch, lr: float, grad_accum: int, amp) ->
     optimizer.zero_grad(set_to_none=True)
     raw.head.after_step(raw.output_weight)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    return StepResult(all_reduce_sum(loss_sum) / (grad_accum * world_size), grad_norm, x)
+    return StepResult(all_reduce_sum(loss_sum) / (grad_accum * world_size), grad_norm, x, y)
 
 
 class FiniteWatch:
@@ -418,26 +419,32 @@ def mu_norm(model: GPT) -> torch.Tensor:
     return heads.mean_embedding(model.output_weight.detach()).norm()
 
 
+HEAD_STATS = heads.LOGIT_STATS + heads.PRECISION_STATS  # logged and summarised per token
+
+
 @torch.no_grad()
-def logit_sums(model: GPT, x: torch.Tensor, amp) -> torch.Tensor:
-    """Σ over the tokens of x of the per-token logit statistics (heads.logit_stat_sums: mean,
-    std, max |l|, log²Z), and the token count: float64 (5,). Divided by the count they give the
-    paper's statistics. Logits are made STAT_CHUNK tokens at a time."""
+def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp) -> torch.Tensor:
+    """Σ over the tokens of x of the per-token statistics of HEAD_STATS (heads.logit_stat_sums:
+    mean, std, max |l|, log²Z of the logits as the run computes them; heads.precision_stat_sums:
+    what the matmul's dtype costs them), and the token count: float64 (8,). Divided by the
+    count they give the means over tokens. STAT_CHUNK tokens at a time."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
-    sums = torch.zeros(5, dtype=torch.float64, device=h.device)
-    for chunk in h.split(STAT_CHUNK):
+    matmul_dtype = torch.float32 if args.dtype == "float32" else getattr(torch, args.dtype)
+    sums = torch.zeros(len(HEAD_STATS) + 1, dtype=torch.float64, device=h.device)
+    for chunk, targets in zip(h.split(STAT_CHUNK), y.flatten().split(STAT_CHUNK)):
         with amp:
             logits = model.head.logits(chunk, model.output_weight)
         sums[:4] += heads.logit_stat_sums(logits)
-        sums[4] += chunk.shape[0]
+        sums[4:] += heads.precision_stat_sums(model.head, chunk, model.output_weight, targets,
+                                              matmul_dtype)
     return sums
 
 
-def logit_stats(sums: torch.Tensor) -> dict:
-    """The four means over all tokens of all processes, from logit_sums (all-reduced here)."""
-    mean = (all_reduce_sum(sums)[:4] / sums[4]).tolist()
-    return dict(zip(heads.LOGIT_STATS, mean))
+def head_stats(sums: torch.Tensor) -> dict:
+    """The means over all tokens of all processes, from head_stat_sums (all-reduced here)."""
+    sums = all_reduce_sum(sums)
+    return dict(zip(HEAD_STATS, (sums[:-1] / sums[-1]).tolist()))
 
 
 @torch.no_grad()
@@ -457,12 +464,12 @@ def evaluate(model, args, ctx: Dist, amp) -> float:
 
 
 @torch.no_grad()
-def final_logit_stats(model: GPT, args, ctx: Dist, amp) -> dict:
-    """Logit statistics over the first --stat_tokens validation tokens (paper: ~131k)."""
-    sums = torch.zeros(5, dtype=torch.float64, device=ctx.device)
-    for x, _ in val_batches(args.stat_tokens, args, ctx):
-        sums += logit_sums(model, x.to(ctx.device), amp)
-    return logit_stats(sums)
+def final_head_stats(model: GPT, args, ctx: Dist, amp) -> dict:
+    """HEAD_STATS over the first --stat_tokens validation tokens (paper: 5·10⁵ logit vectors)."""
+    sums = torch.zeros(len(HEAD_STATS) + 1, dtype=torch.float64, device=ctx.device)
+    for x, y in val_batches(args.stat_tokens, args, ctx):
+        sums += head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
+    return head_stats(sums)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -579,11 +586,12 @@ def log_line(record: dict, steps: int, eta: float) -> str:
     return " | ".join(parts)
 
 
-def step_metrics(raw: GPT, result: StepResult, amp) -> dict:
-    """loss, grad_norm, ‖μ‖ and the logit statistics of this process's last micro-batch
+def step_metrics(raw: GPT, result: StepResult, args, amp) -> dict:
+    """loss, grad_norm, ‖μ‖ and the head statistics of this process's last micro-batch
     (summed over processes). Reads device values, so log steps only."""
+    sums = head_stat_sums(raw, result.last_x, result.last_y, args, amp)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
-            "mu_norm": mu_norm(raw).item(), **logit_stats(logit_sums(raw, result.last_x, amp))}
+            "mu_norm": mu_norm(raw).item(), **head_stats(sums)}
 
 
 def save_checkpoint(out: Path, raw: GPT, optimizer, loader, step: int, config: dict,
@@ -701,7 +709,7 @@ def train(args, ctx: Dist) -> GPT:
         if is_log:
             tok_per_s, per_step = speed.read()
             record = {"step": step, "tokens": step * tokens_per_step,
-                      "lr": lr_at(step - 1, args), **step_metrics(raw, result, amp),
+                      "lr": lr_at(step - 1, args), **step_metrics(raw, result, args, amp),
                       "tok_per_s": tok_per_s,
                       "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size) if peak
                       else None}
@@ -726,11 +734,11 @@ def train(args, ctx: Dist) -> GPT:
                "lam": raw.head.lam, "cap": raw.head.cap, "steps": args.steps}
     if diverged_at is None:
         val_loss = last_val if last_val is not None else evaluate(fast, args, ctx, amp)
-        stats = final_logit_stats(raw, args, ctx, amp)
+        stats = final_head_stats(raw, args, ctx, amp)
         summary |= {"tokens": step * tokens_per_step, "val_loss": val_loss,
                     "diverged": not math.isfinite(val_loss)}
     else:
-        stats = dict.fromkeys(("logit_mean", "logit_std", "logit_absmax", "log2Z"))
+        stats = dict.fromkeys(HEAD_STATS)
         summary |= {"tokens": diverged_at * tokens_per_step, "val_loss": None, "diverged": True}
     summary |= {"init_loss": init_loss, **stats, "mu_norm": mu_norm(raw).item(),
                 "train_time_s": train_time}
