@@ -23,9 +23,14 @@ Example:
     import heads, model
     gpt = model.GPT(model.config_for("16M", tie=True), heads.build("mu_center"))
     loss, stats = gpt(idx, targets)        # idx, targets: (B, T) long, targets -1 = ignore
+
+    ckpt = model.load_checkpoint("runs/tiny/ckpt.pt")       # a run of train.py, back as a model
+    gpt = model.from_config(ckpt["config"])
+    gpt.load_state_dict(ckpt["model"])
 """
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -253,3 +258,56 @@ class GPT(nn.Module):
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         n_matmul += self.output_weight.numel()
         return 6 * n_matmul + 12 * c.n_layer * c.n_embd * seq_len
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs of train.py: a model from a run's settings, and its checkpoints
+
+def from_config(config: dict) -> GPT:
+    """The untrained GPT that a run's settings describe (a dict with train.py's option names:
+    size, and optionally vocab_size, tie, seq_len, head, lam, cap; other keys are ignored).
+
+    block_size is max(2048, seq_len): RoPE tables are cheap and kept out of the state_dict, so
+    the model also takes sequences longer than the run's own. The weights come from torch's
+    global generator: seed it first (train.py seeds with the run's --seed).
+    Raises ValueError (one sentence) for settings that describe no model."""
+    if not isinstance(config, dict) or "size" not in config:
+        raise ValueError(f"a model's settings must be a dict of train.py's options with at "
+                         f"least 'size', got {type(config).__name__}.")
+    seq_len = config.get("seq_len") or 0
+    if not isinstance(seq_len, int):
+        raise ValueError(f"seq_len must be an integer, got {seq_len!r}.")
+    gpt_config = config_for(config["size"], vocab_size=config.get("vocab_size", 50304),
+                            tie=bool(config.get("tie", False)), block_size=max(2048, seq_len))
+    head = heads.build(config.get("head", "baseline"), lam=config.get("lam"),
+                       cap=config.get("cap"))
+    return GPT(gpt_config, head)
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """A checkpoint of train.py (ckpt.pt, or a ckpt_step*.pt snapshot): a dict with at least
+    "model" (the state_dict), "config" (the run's settings, see from_config) and "step".
+
+    Loaded with weights_only=True, so the file can hold tensors and plain types only and a
+    crafted file cannot run code on loading. A missing file raises FileNotFoundError; a
+    corrupt, truncated or foreign file, or one carrying code, raises ValueError in one sentence."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a file; pass a checkpoint written by train.py "
+                                f"(RUN/ckpt.pt or RUN/ckpt_step*.pt).")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # unpickling fails in many types; all mean "not a usable file"
+        raise ValueError(f"{path} cannot be read as a checkpoint of train.py "
+                         f"({type(err).__name__}): it is corrupt, truncated, or holds objects "
+                         f"other than tensors and plain types, which are refused because "
+                         f"loading them could run code.") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) \
+            or not isinstance(ckpt.get("step"), int):
+        raise ValueError(f"{path} is not a checkpoint of train.py (it lacks the weights under "
+                         f"'model' or the step under 'step').")
+    if not isinstance(ckpt.get("config"), dict):
+        raise ValueError(f"{path} has no run settings (its 'config' is "
+                         f"{type(ckpt.get('config')).__name__}, not a dict of train.py's "
+                         f"options), so the model it holds cannot be rebuilt.")
+    return ckpt

@@ -279,3 +279,82 @@ def test_idx_must_be_batch_by_time():
     m = build(vocab_size=97)
     with pytest.raises(ValueError, match=r"\(batch, time\) tensor of token ids, got shape \(8,\)"):
         m(torch.zeros(8, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------
+# runs of train.py: from_config and load_checkpoint
+
+RUN_CONFIG = {"size": "tiny", "vocab_size": 97, "tie": True, "seq_len": 4096, "head": "soft_cap",
+              "cap": 5.0, "lam": None, "lr": 3e-3}      # train.py's names; lr is ignored here
+
+
+def test_from_config_builds_the_run_model_with_room_for_its_sequences():
+    torch.manual_seed(0)
+    gpt = model.from_config(RUN_CONFIG)
+    reference = build(vocab_size=97, tie=True, block_size=4096, head="soft_cap", seed=0)
+    assert gpt.config == reference.config and gpt.head.cap == 5.0
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(gpt.state_dict()[name], tensor), name
+    assert model.from_config({"size": "tiny", "seq_len": 64}).config.block_size == 2048
+
+
+@pytest.mark.parametrize("config, message", [
+    (None, "a model's settings must be a dict of train.py's options with at least 'size', got "
+           "NoneType."),
+    ({"size": "17M"}, "unknown model size '17M'"),
+    ({"size": "tiny", "vocab_size": 0}, "vocab_size must be a positive integer, got 0."),
+    ({"size": "tiny", "head": "nope"}, "unknown head 'nope'"),
+])
+def test_from_config_names_what_describes_no_model(config, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        model.from_config(config)
+
+
+def test_load_checkpoint_returns_what_train_saved(tmp_path):
+    torch.manual_seed(0)
+    gpt = model.from_config(RUN_CONFIG)
+    torch.save({"model": gpt.state_dict(), "step": 7, "config": RUN_CONFIG}, tmp_path / "c.pt")
+    ckpt = model.load_checkpoint(tmp_path / "c.pt")
+    assert ckpt["step"] == 7 and ckpt["config"] == RUN_CONFIG
+    again = model.from_config(ckpt["config"])
+    again.load_state_dict(ckpt["model"])
+    assert all(torch.equal(t, gpt.state_dict()[k]) for k, t in again.state_dict().items())
+
+
+class Payload:
+    """Unpickling this runs code: it creates the file `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def unusable_checkpoints(tmp_path):
+    """(file, the start of the one sentence load_checkpoint must say about it)."""
+    good = {"model": {"w": torch.zeros(2)}, "step": 0, "config": {"size": "tiny"}}
+    torch.save(good, tmp_path / "good.pt")
+    whole = (tmp_path / "good.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "text.pt").write_text("not a checkpoint\n")
+    torch.save({"model": Payload(tmp_path / "code_ran")}, tmp_path / "code.pt")
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    torch.save({**good, "config": None}, tmp_path / "no_config.pt")
+    cannot_read = "cannot be read as a checkpoint of train.py"
+    return [("truncated.pt", cannot_read), ("text.pt", cannot_read), ("code.pt", cannot_read),
+            ("list.pt", "is not a checkpoint of train.py (it lacks the weights"),
+            ("no_config.pt", "has no run settings (its 'config' is NoneType")]
+
+
+def test_load_checkpoint_refuses_unusable_files_in_one_sentence_and_runs_no_code(tmp_path):
+    for name, start in unusable_checkpoints(tmp_path):
+        with pytest.raises(ValueError) as error:
+            model.load_checkpoint(tmp_path / name)
+        message = str(error.value)
+        assert message.startswith(f"{tmp_path / name} {start}"), message
+        assert "weights_only" not in message and "\n" not in message
+        assert error.value.__suppress_context__ or error.value.__context__ is None
+    assert not (tmp_path / "code_ran").exists()
+    with pytest.raises(FileNotFoundError, match="is not a file; pass a checkpoint"):
+        model.load_checkpoint(tmp_path)
