@@ -60,12 +60,28 @@ LAMBDA_HEADS = ("z_loss", "mu_loss")  # the heads with a regularisation weight �
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
 DEFAULT_LAM = 1e-4  # the paper's λ for z_loss and mu_loss outside Sec. 5
 DEFAULT_CAP = 30.0  # the paper's soft-cap c
+# The CPU proxy of the paper's result (README, "What you should see"): the tiny model on real
+# text, the paper's learning rates extended upward (a short run needs a larger η for μ to grow
+# as it does over the paper's 100,000 steps), float32 against bf16 matmuls, untied for every
+# head and tied for baseline and μ-centering: 5 η × 2 dtypes × (5 + 2) = 70 runs of 300 steps,
+# about 75 minutes on two idle CPU cores with --jobs 2. Its train.py settings come first;
+# options given on the command line come after them and win.
+PROXY_LRS = (3e-2, 1e-1, 3e-1, 1.0, 3.0)
+PROXY_TRAIN_ARGS = ("--device", "cpu", "--steps", "300", "--warmup", "15", "--batch_size", "4",
+                    "--micro_batch", "4", "--seq_len", "64", "--loss_chunk", "256",
+                    "--eval_every", "100", "--eval_tokens", "8192", "--stat_tokens", "4096",
+                    "--log_every", "20", "--data", "data/shakespeare")
+GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
 GRIDS = {
-    "paper": dict(sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=HEADS, ties=(False, True),
-                  lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,)),
-    "lambda": dict(sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=LAMBDA_HEADS, ties=(False,),
-                   lams=LAMBDAS, caps=(DEFAULT_CAP,)),
-    "custom": dict(sizes=None, lrs=None, heads=None, ties=(False,), lams=(None,), caps=(None,)),
+    "paper": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=HEADS,
+                  ties=(False, True), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,)),
+    "lambda": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=LAMBDA_HEADS,
+                   ties=(False,), lams=LAMBDAS, caps=(DEFAULT_CAP,)),
+    "proxy": dict(sizes=("tiny",), lrs=PROXY_LRS, heads=HEADS, ties=(False, True),
+                  tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
+                  dtypes=("float32", "bfloat16"), seeds=(0,), train_args=PROXY_TRAIN_ARGS),
+    "custom": dict(GRID_DEFAULTS, sizes=None, lrs=None, heads=None, ties=(False,), lams=(None,),
+                   caps=(None,)),
 }
 # The loss at initialisation where a CSV has no init_loss (the published runs): the reference
 # README's values, ≈ ln 50304 = 10.83 (the 221M model starts slightly higher).
@@ -73,14 +89,18 @@ L0_BY_SIZE = {"16M": 10.83, "29M": 10.83, "57M": 10.83, "109M": 10.83, "221M": 1
 SIZE_ORDER = ("tiny", "small") + PAPER_SIZES  # presets first, then the paper's sizes by N
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
 # train.py options that the grid sets per run and the user therefore must not pass through
-GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap",
-                "--out_dir", "--resume")
-RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "test_loss", "init_loss", "diverged",
-                  "mu_norm", "logit_mean", "logit_std", "logit_absmax", "mean_log2Z", "steps",
+GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap", "--dtype",
+                "--seed", "--out_dir", "--resume")
+RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
+                  "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
+                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "steps",
                   "tokens", "train_time_s", "run")
 TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
 METRICS = (("logit_mean", "logit mean  l̄"), ("logit_std", "logit std  σ_l"),
            ("mu_norm", "‖μ‖"), ("logit_absmax", "max |l|"))  # Fig. 3, in the paper's order
+# what the matmul's dtype costs the LM head (heads.precision_stat_sums); drawn where a CSV has it
+PRECISION_METRICS = (("prec_err_cast", "input rounding / σ_l"),
+                     ("prec_err_round", "result rounding / σ_l"), ("prec_ce_gap", "CE gap (nats)"))
 HEAD_COLORS = {"baseline": "tab:gray", "soft_cap": "tab:orange", "z_loss": "tab:red",
                "mu_loss": "tab:blue", "mu_center": "tab:green"}
 SOLID = dict(ls="-", marker="o", ms=4)  # our runs
@@ -100,15 +120,22 @@ class Run:
     tie: bool
     lam: float | None = None
     cap: float | None = None
+    dtype: str | None = None  # None: train.py's default
+    seed: int | None = None
 
     @property
     def name(self):
-        """The run folder's name: {size}_{head}_lr{lr:g}_tie{0|1}[_lam{λ:g}][_cap{c:g}]."""
+        """The run folder's name:
+        {size}_{head}_lr{lr:g}_tie{0|1}[_lam{λ:g}][_cap{c:g}][_{dtype}][_seed{n}]."""
         name = f"{self.size}_{self.head}_lr{self.lr:g}_tie{int(self.tie)}"
         if self.lam is not None:
             name += f"_lam{self.lam:g}"
         if self.cap is not None:
             name += f"_cap{self.cap:g}"
+        if self.dtype is not None:
+            name += f"_{self.dtype}"
+        if self.seed is not None:
+            name += f"_seed{self.seed}"
         return name
 
     def train_args(self):
@@ -117,19 +144,24 @@ class Run:
         args += ["--tie"] if self.tie else []
         args += ["--lam", repr(self.lam)] if self.lam is not None else []
         args += ["--cap", repr(self.cap)] if self.cap is not None else []
+        args += ["--dtype", self.dtype] if self.dtype is not None else []
+        args += ["--seed", str(self.seed)] if self.seed is not None else []
         return args
 
 
-def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None):
+def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
+                dtypes=None, seeds=None):
     """Every point of a grid, with any axis given here replacing the grid's own.
 
     λ only multiplies the heads that have one (z_loss, mu_loss) and c only soft_cap, so the
-    paper grid is 7 × 5 × 2 × 5 = 350 runs and the λ grid 4 × 2 × 7 × 5 = 280.
+    paper grid is 7 × 5 × 2 × 5 = 350 runs and the λ grid 4 × 2 × 7 × 5 = 280. The proxy grid
+    ties only baseline and mu_center: 5 η × 2 dtypes × (5 heads + 2 tied) = 70 runs.
     """
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     axes = dict(GRIDS[grid])
-    given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps)
+    given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
+                 dtypes=dtypes, seeds=seeds)
     axes.update({axis: tuple(values) for axis, values in given.items() if values})
     missing = [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]
     if missing:
@@ -139,10 +171,14 @@ def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, ca
     if unknown:
         raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
     runs = []
-    for size, head, tie, lr in product(axes["sizes"], axes["heads"], axes["ties"], axes["lrs"]):
+    tied_heads = axes["tied_heads"] or axes["heads"]
+    for size, head, tie, dtype, seed, lr in product(axes["sizes"], axes["heads"], axes["ties"],
+                                                    axes["dtypes"], axes["seeds"], axes["lrs"]):
+        if tie and head not in tied_heads:
+            continue
         lams = axes["lams"] if head in LAMBDA_HEADS else (None,)
         caps = axes["caps"] if head == "soft_cap" else (None,)
-        runs += [Run(size, head, lr, tie, lam, cap) for lam in lams for cap in caps]
+        runs += [Run(size, head, lr, tie, lam, cap, dtype, seed) for lam in lams for cap in caps]
     return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
 
 
@@ -165,10 +201,11 @@ def train_command(run, out, extra_args, nproc_per_node=1):
     return [sys.executable, *args]
 
 
-def gpu_slots(gpus, nproc_per_node):
-    """The CUDA_VISIBLE_DEVICES value of each run that may go at once ([None]: no pinning)."""
+def gpu_slots(gpus, nproc_per_node, jobs=1):
+    """The CUDA_VISIBLE_DEVICES value of each run that may go at once (None: no pinning; without
+    --gpus, --jobs runs share the machine, e.g. one CPU core each)."""
     if not gpus:
-        return [None]
+        return [None] * jobs
     ids = [gpu.strip() for gpu in gpus.split(",") if gpu.strip()]
     if not ids or len(ids) % nproc_per_node:
         raise ValueError(f"--gpus {gpus} must list a multiple of --nproc_per_node="
@@ -187,6 +224,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
     OUT/logs/NAME.log. An interrupt stops the runs in flight, which resume on the next call.
     """
     pending, running, failed, free = list(runs), {}, [], list(slots)
+    durations, total = [], len(runs)
     log_dir = Path(out) / "logs"
     if len(slots) > 1:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -197,6 +235,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                 run, slot = pending.pop(0), free.pop(0)
                 cmd = train_command(run, out, extra_args, nproc_per_node)
                 env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
+                if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
+                    env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
                 log = open(log_dir / f"{run.name}.log", "a") if len(slots) > 1 else None
                 where = f" on GPU {slot}" if slot else ""
                 print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}{where}",
@@ -212,7 +252,11 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                     log.close()
                 ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
                 status = "done" if ok else f"FAILED (exit {proc.returncode})"
-                print(f"sweep: {status} {run.name} in {time.time() - started:.0f} s", flush=True)
+                durations.append(time.time() - started)
+                left = len(pending) + len(running)
+                eta = sum(durations) / len(durations) * left / len(slots)
+                print(f"sweep: {status} {run.name} in {durations[-1]:.0f} s; "
+                      f"{total - left}/{total} ended, ETA {eta / 60:.0f} min", flush=True)
                 if not ok:
                     failed.append(run.name)
                 if proc.returncode == USAGE_ERROR and pending:
@@ -310,7 +354,9 @@ def check_pass_through(extra_args):
 
 def cmd_run(args, extra_args):
     check_pass_through(extra_args)
-    runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps)
+    runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps,
+                       args.dtypes, args.seeds)
+    extra_args = [*GRIDS[args.grid]["train_args"], *extra_args]  # the user's options win
     todo = [run for run in runs if not is_finished(Path(args.out) / run.name)]
     print(f"sweep: {len(runs)} runs in the grid, {len(runs) - len(todo)} finished, "
           f"{len(todo)} to do", flush=True)
@@ -333,7 +379,8 @@ def cmd_run(args, extra_args):
         raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     try:
-        failed = launch_local(todo, args.out, extra_args, gpu_slots(args.gpus, args.nproc_per_node),
+        failed = launch_local(todo, args.out, extra_args,
+                              gpu_slots(args.gpus, args.nproc_per_node, args.jobs),
                               args.nproc_per_node)
     except KeyboardInterrupt:
         print("sweep: interrupted; run the same command again to resume", flush=True)
@@ -372,7 +419,9 @@ def result_row(summary_path, root):
     if missing:
         raise ValueError(f"{summary_path} lacks {', '.join(missing)}; it was not written by "
                          f"this project's train.py")
-    row = {column: summary.get(column) for column in RESULT_COLUMNS}
+    config_path = Path(summary_path).with_name("config.json")
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
     row["test_loss"] = summary["val_loss"]  # the paper's "test loss" is our validation split
     row["mean_log2Z"] = summary.get("log2Z")  # named as in the published table
     row["run"] = str(Path(summary_path).parent.relative_to(root))
@@ -434,7 +483,7 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
                 raise ValueError(f"{path} line {line}: {error}") from None
     if not rows:
         raise ValueError(f"{path} holds no results; run the sweep and collect it first")
-    return rows
+    return label_settings(rows)
 
 
 def _typed_row(raw, l0):
@@ -446,10 +495,24 @@ def _typed_row(raw, l0):
     lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if head in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if head == "soft_cap" else None
-    for name, _ in METRICS:
+    for name, _ in METRICS + PRECISION_METRICS:
         row[name] = _number(row.get(name))
     row["l0"] = _initial_loss(row, l0)
     return row
+
+
+def label_settings(rows):
+    """The tables' and figures' columns are the model sizes. Where the runs differ in matmul
+    dtype or seed (the proxy grid), each dtype gets a column of its own ("tiny bfloat16"), and
+    so does every seed but the first ("tiny bfloat16 seed1")."""
+    dtypes = {row.get("dtype") or "" for row in rows}
+    seeds = sorted({int(row["seed"]) for row in rows if row.get("seed") not in (None, "")})
+    for row in rows:
+        if len(dtypes) > 1:
+            row["size"] += f" {row.get('dtype') or 'default'}"
+        if row.get("seed") not in (None, "") and int(row["seed"]) != seeds[0]:
+            row["size"] += f" seed{row['seed']}"
+    return rows
 
 
 def _initial_loss(row, l0):
@@ -459,7 +522,7 @@ def _initial_loss(row, l0):
     own = _number(row.get("init_loss"))
     if math.isfinite(own):
         return own
-    if row["size"] in L0_BY_SIZE:
+    if row["size"] in L0_BY_SIZE:  # the published runs: sizes only
         return L0_BY_SIZE[row["size"]]
     raise ValueError(f"no loss at initialisation for size {row['size']!r} (no init_loss value); "
                      f"pass --l0")
@@ -529,8 +592,10 @@ def reduce_runs(rows, mean="published"):
     return sorted(cells, key=lambda c: (c.tie, variant_order(c.variant), size_order(c.size)))
 
 
-def size_order(size):
-    return (SIZE_ORDER.index(size), "") if size in SIZE_ORDER else (len(SIZE_ORDER), size)
+def size_order(label):
+    """Sizes by N, then a size's dtype/seed columns (setting_label) in name order."""
+    size, _, rest = label.partition(" ")
+    return (SIZE_ORDER.index(size), rest) if size in SIZE_ORDER else (len(SIZE_ORDER), label)
 
 
 def variant_order(variant):
@@ -694,18 +759,21 @@ def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
 
 
 def _plot_metrics(plt, cells, ref_cells, title):
-    """Fig. 3: logit mean, logit std, ‖μ‖ and max |l| vs η; rows = metrics, columns = sizes."""
+    """Fig. 3: logit mean, logit std, ‖μ‖ and max |l| vs η, and the precision metrics where the
+    runs logged them; rows = metrics, columns = sizes."""
     sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
-    fig, axes = plt.subplots(len(METRICS), len(sizes), figsize=(3.2 * len(sizes) + 1, 10),
-                             squeeze=False)
+    metrics = METRICS + tuple(m for m in PRECISION_METRICS
+                              if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
+    fig, axes = plt.subplots(len(metrics), len(sizes), figsize=(3.2 * len(sizes) + 1,
+                                                                2.5 * len(metrics)), squeeze=False)
     for source, style in ((cells, SOLID), (ref_cells, DASHED)):
         suffix = " (paper)" if source is ref_cells else ""
         for c in source:
-            for i, (metric, _) in enumerate(METRICS):
+            for i, (metric, _) in enumerate(metrics):
                 axes[i][sizes.index(c.size)].plot(c.lrs, [row[metric] for row in c.rows],
                                                   color=HEAD_COLORS.get(c.head, "k"),
                                                   label=variant_label(c.variant) + suffix, **style)
-    for i, (metric, label) in enumerate(METRICS):
+    for i, (metric, label) in enumerate(metrics):
         for j, size in enumerate(sizes):
             ax = axes[i][j]
             values = [abs(r[metric]) for c in cells + ref_cells if c.size == size for r in c.rows]
@@ -717,7 +785,7 @@ def _plot_metrics(plt, cells, ref_cells, title):
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.set_title(size)
-            if i == len(METRICS) - 1:
+            if i == len(metrics) - 1:
                 ax.set_xlabel("learning rate η")
         axes[i][0].set_ylabel(label)
     axes[0][0].legend(fontsize=7)
@@ -778,6 +846,45 @@ def cmd_plot(args):
     return 0
 
 
+CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), ("mu_norm", "‖μ‖"),
+          ("logit_mean", "logit mean  l̄"), ("logit_absmax", "max |l|"),
+          ("prec_err_cast", "input rounding / σ_l"), ("prec_err_round", "result rounding / σ_l"),
+          ("prec_ce_gap", "CE gap (nats)"))
+
+
+def read_log(run_dir):
+    """The records of a run's log.jsonl, in step order."""
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cmd_curves(args):
+    """Curves over training of a few runs (log.jsonl): the quantities of CURVES vs step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    logs = {Path(run).name: read_log(run) for run in args.runs}
+    fig, axes = plt.subplots(2, (len(CURVES) + 1) // 2, figsize=(16, 7), squeeze=False)
+    for ax, (key, label) in zip(axes.flat, CURVES):
+        for name, records in logs.items():
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), label=name, lw=1)
+        if key in ("mu_norm", "logit_absmax"):
+            ax.set_yscale("symlog", linthresh=1.0)
+        ax.set(title=label, xlabel="step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path in _save(fig, out.parent, out.stem):
+        print(f"sweep: wrote {path}")
+    return 0
+
+
 # -----------------------------------------------------------------------------
 # command line
 
@@ -795,10 +902,15 @@ def parse_args(argv=None):
     run.add_argument("--tie", nargs="+", type=boolean, help="weight tying: false, true or both")
     run.add_argument("--lams", nargs="+", type=float, help="λ for z_loss and mu_loss")
     run.add_argument("--caps", nargs="+", type=float, help="c for soft_cap")
+    run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
+                     help="train.py --dtype of each run (proxy: both)")
+    run.add_argument("--seeds", nargs="+", type=int, help="train.py --seed of each run")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
                                     "(each run gets --nproc_per_node of them)")
+    run.add_argument("--jobs", type=int, default=1,
+                     help="local, without --gpus: runs at once (CPU: one per core)")
     run.add_argument("--nproc_per_node", type=int, default=1,
                      help="processes (GPUs) per run; >1 uses torchrun")
     run.add_argument("--nodes", type=int, default=1, help="slurm: nodes per run")
@@ -826,11 +938,15 @@ def parse_args(argv=None):
         if name == "plot":
             sub.add_argument("--reference",
                              help="a CSV of the paper's runs to draw beside ours (dashed)")
+    curves = commands.add_parser("curves", help="loss, ‖μ‖, logits and precision vs step of "
+                                                "some runs, as PNG + PDF")
+    curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
+    curves.add_argument("--out", required=True, help="figure path without extension")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "run" and args.nproc_per_node < 1:
-        parser.error("--nproc_per_node must be at least 1")
+    if args.command == "run" and min(args.nproc_per_node, args.jobs) < 1:
+        parser.error("--nproc_per_node and --jobs must be at least 1")
     return args, extra
 
 
@@ -842,7 +958,8 @@ def main(argv=None):
         if args.command == "collect":
             print(f"sweep: wrote {collect(args.dir, args.out)}")
             return 0
-        return cmd_table(args) if args.command == "table" else cmd_plot(args)
+        commands = {"table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"sweep {args.command}: {error}") from None
 

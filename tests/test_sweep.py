@@ -147,6 +147,41 @@ def test_grids_have_the_papers_sizes_and_folder_names():
         "--size", "tiny", "--head", "z_loss", "--lr", "0.01", "--tie", "--lam", "0.1"]
 
 
+def test_proxy_grid_has_every_head_both_dtypes_and_ties_only_baseline_and_mu_center():
+    proxy = sweep.expand_grid("proxy")
+    lrs = sweep.PROXY_LRS
+    assert len(proxy) == len(lrs) * 2 * (5 + 2) and len({run.name for run in proxy}) == len(proxy)
+    assert {run.head for run in proxy if run.tie} == {"baseline", "mu_center"}
+    assert {run.dtype for run in proxy} == {"float32", "bfloat16"} and max(lrs) >= 1.0
+    run = sweep.Run("tiny", "mu_center", 0.3, True, dtype="bfloat16", seed=1)
+    assert run.name == "tiny_mu_center_lr0.3_tie1_bfloat16_seed1"
+    assert run.train_args()[-4:] == ["--dtype", "bfloat16", "--seed", "1"]
+    seeds = sweep.expand_grid("proxy", heads=["baseline"], lrs=[1.0], ties=[False],
+                              dtypes=["bfloat16"], seeds=[0, 1])
+    assert [r.name for r in seeds] == ["tiny_baseline_lr1_tie0_bfloat16_seed0",
+                                       "tiny_baseline_lr1_tie0_bfloat16_seed1"]
+
+
+def test_proxy_train_settings_come_first_so_the_command_line_wins(tmp_path, capsys):
+    sweep.main(["run", "--grid", "proxy", "--heads", "baseline", "--lrs", "1", "--tie", "false",
+                "--dtypes", "float32", "--out", str(tmp_path), "--dry_run", "--steps", "7"])
+    command = capsys.readouterr().out.splitlines()[1].split()
+    assert command.index("--steps") < len(command) - 2 and command[-2:] == ["--steps", "7"]
+    assert command[command.index("--data") + 1] == "data/shakespeare"
+
+
+def test_dtype_and_seed_columns_label_the_table_columns():
+    rows = [{"size": "tiny", "dtype": d, "seed": n} for d in ("float32", "bfloat16")
+            for n in ("0", "1")] + [{"size": "16M", "dtype": "float32", "seed": "0"}]
+    assert [r["size"] for r in sweep.label_settings(rows)] == [
+        "tiny float32", "tiny float32 seed1", "tiny bfloat16", "tiny bfloat16 seed1",
+        "16M float32"]
+    same = [{"size": "tiny", "dtype": "float32", "seed": "0"}, {"size": "16M", "dtype": "float32"}]
+    assert [r["size"] for r in sweep.label_settings(same)] == ["tiny", "16M"]  # one setting
+    labels = ["tiny float32", "16M", "tiny bfloat16", "tiny"]
+    assert sorted(labels, key=sweep.size_order) == ["tiny", "tiny bfloat16", "tiny float32", "16M"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--out", "x"],
      "--grid custom needs --heads"),
@@ -170,7 +205,7 @@ def test_unknown_grid_is_refused(capsys):
     with pytest.raises(SystemExit):
         sweep.main(["run", "--grid", "huge", "--out", "x"])
     error = capsys.readouterr().err
-    assert "invalid choice: 'huge' (choose from 'paper', 'lambda', 'custom')" in error
+    assert "invalid choice: 'huge' (choose from 'paper', 'lambda', 'proxy', 'custom')" in error
     with pytest.raises(ValueError, match="unknown grid 'huge'; choose one of paper, lambda, "):
         sweep.expand_grid("huge")
 
