@@ -1,0 +1,243 @@
+"""Theorem 4 of the paper (Eq. 14: B_ratio ≤ 1 ⇔ maxᵢ|l*ᵢ| ≤ maxᵢ|lᵢ|) and its proof (App. B),
+audited step by step by code that checks each step: `theorem4_audit` on the smallest
+counterexamples in exact fractions, `exhaustive_search` that finds them, and `b_ratio_scan`,
+how often random hidden states break the theorem on random anisotropic matrices.
+
+    python analyze.py verify                           # the audit table
+    python analyze.py verify --exhaustive --b_ratio_scan
+
+Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ, e*ᵢ = eᵢ − μ (μ-centering),
+lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h; B₋, B₊ the tight bounds of Eq. 12 and B_ratio Eq. 13 (heads.b_ratio).
+"""
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import torch
+
+import heads
+
+SEARCH_ENTRIES = 2     # exhaustive search: W's entries in {−2, …, 2} …
+SEARCH_H_ENTRIES = 3   # … and h's in {−3, …, 3}
+SCAN_MATRICES = 200    # B_ratio scan: random anisotropic matrices …
+SCAN_HIDDEN = 500      # … random hidden states per matrix …
+SCAN_SHAPE = (1000, 64)  # … of V×D
+
+E0 = ((-1, 0), (0, -1), (0, 0))    # μ = (−1/3, −1/3)
+E1 = ((-1, 0), (0, -1), (0, 1))    # μ = (−1/3, 0)
+E2 = ((-1, 0), (-1, 0), (0, -1))   # μ = (−2/3, −1/3)
+E3 = ((-1, -1), (-1, 1), (1, 0))   # μ = (−1/3, 0)
+H2, H3 = (-1, 1), (1, 1)           # the hidden states that E₂ and E₃ need
+
+
+def dot(a, b):
+    return sum(x * y for x, y in zip(a, b))
+
+
+def exact_sqrt(q: Fraction) -> Fraction:
+    """√q for a rational square (the audit's ‖μ‖ happens to be one); ValueError otherwise."""
+    num, den = math.isqrt(q.numerator), math.isqrt(q.denominator)
+    if num * num != q.numerator or den * den != q.denominator:
+        raise ValueError(f"{q} is not the square of a fraction")
+    return Fraction(num, den)
+
+
+def exact_terms(E, h=None) -> dict:
+    """The quantities of Theorem 4's proof for a small integer matrix E (rows eᵢ) and, if given,
+    a hidden state h, as exact fractions: no rounding can decide a verdict."""
+    e = [tuple(map(Fraction, row)) for row in E]
+    mu = tuple(sum(column) / len(e) for column in zip(*e))
+    star = [tuple(x - m for x, m in zip(row, mu)) for row in e]
+    mu_sq = dot(mu, mu)
+    dots, dots_star = [dot(row, mu) for row in e], [dot(row, mu) for row in star]
+    parallel_sq = [d * d / mu_sq for d in dots_star]            # ‖e*ᵢ∥‖²
+    norm_sq_star = [dot(row, row) for row in star]
+    b_minus, b_plus = mu_sq - min(dots), max(dots) - mu_sq      # tight bounds (Eq. 12)
+    out = dict(mu_sq=mu_sq, b_minus=b_minus, b_plus=b_plus,
+               eq13=max(b_minus, b_plus) / max(b_minus - mu_sq, b_plus + mu_sq),
+               eq26=max(map(abs, dots_star)) / max(map(abs, dots)),
+               norm_sq=max(dot(row, row) for row in e), norm_sq_star=max(norm_sq_star),
+               eq32_split=max(parallel_sq) + max(n - p for n, p in zip(norm_sq_star, parallel_sq)),
+               eq33_parallel=max(parallel_sq) - max(d * d / mu_sq for d in dots),
+               logit_mu=max(map(abs, dots)), logit_mu_star=max(map(abs, dots_star)))
+    if h is not None:
+        out.update(logit=max(abs(dot(row, h)) for row in e),
+                   logit_star=max(abs(dot(row, h)) for row in star))
+    return out
+
+
+def theorem4_audit() -> list[dict]:
+    """Theorem 4 claims (Eq. 14): B_ratio ≤ 1 ⇔ maxᵢ|l*ᵢ| ≤ maxᵢ|lᵢ|. Its proof (App. B), step by
+    step; each row that this function returns checks one step, in exact fractions, on the
+    smallest counterexample (V = 3, D = 2, size Σ|Wᵢⱼ| then Σ|hⱼ|; `exhaustive_search` finds
+    them, and tests/test_analyze.py checks that none is smaller):
+        E₀ = [[−1,0],[0,−1],[0,0]]    E₁ = [[−1,0],[0,−1],[0,1]]
+        E₂ = [[−1,0],[−1,0],[0,−1]]   E₃ = [[−1,−1],[−1,1],[1,0]]
+    Writing aᵢ = eᵢ·μ̂ (μ̂ = μ/‖μ‖) and pᵢ = eᵢ − aᵢμ̂, centering maps aᵢ → aᵢ − ‖μ‖ and leaves
+    pᵢ alone, so ‖e*ᵢ‖² = ‖eᵢ‖² − 2eᵢ·μ + ‖μ‖².
+      Eq. 24–28: correct with the tight bounds B₋ = ‖μ‖² − minᵢ eᵢ·μ, B₊ = maxᵢ eᵢ·μ − ‖μ‖²
+        (μ ≠ 0): e*ᵢ·μ = eᵢ·μ − ‖μ‖² fills [−B₋, B₊], and an interval [a, b] with b ≥ 0 has
+        max|x| = max(−a, b), so Eq. 13 is B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26). With
+        loose bounds (which Eq. 12 allows) Eq. 25 is only "≤" and Eq. 13 is not Eq. 26: E₁
+        with the valid B₋ = 1 instead of the tight 1/9 gives 9/8 > 1 instead of 2/3.
+      Eq. 32 is false: maxᵢ(xᵢ + yᵢ) ≤ maxᵢ xᵢ + maxᵢ yᵢ, with equality only if one row
+        maximises both the parallel and the perpendicular part. Smallest: E₀ (5/9 < 13/18);
+        E₁ (10/9 < 13/9) is the smallest where this breaks the conclusion Eq. 34 as well.
+      Eq. 33 mixes μ̂ with μ and squared with unsquared terms. Its correct form, maxᵢ(e*ᵢ·μ̂)²
+        − maxᵢ(eᵢ·μ̂)² ≤ 0, follows from Eq. 28 (E₁: −5/9), but bounds the parallel parts only,
+        and without Eq. 32 says nothing about the norms. As printed it is not even ≤ 0: for
+        E₁, maxᵢ|e*ᵢ·μ̂| − maxᵢ|eᵢ·μ| = 2/3 − 1/3 = 1/3 although B_ratio = 2/3.
+      Eq. 34 is false: E₁ has B_ratio = 2/3 ≤ 1 yet maxᵢ‖e*ᵢ‖² = 10/9 > 1 = maxᵢ‖eᵢ‖² (row 2
+        has e₂·μ = 0 < ‖μ‖²/2, so its norm grows).
+      Eq. 34 → 35 (Lemma 2) is false: Lemma 2 is an upper bound, and a smaller bound does not
+        make a given h's largest logit smaller. E₂ has maxᵢ‖e*ᵢ‖² = 8/9 ≤ 1 = maxᵢ‖eᵢ‖², yet
+        h = (−1, 1) gives l = (1, 1, −1) and l* = (2/3, 2/3, −4/3): max|l*| = 4/3 > 1.
+      Eq. 14 ⇒, for a given h: false (E₂ has B_ratio = 1/3; same h). So ⇒ also fails when
+        read as "for every h".
+      Eq. 14 ⇐, for a given h: false. E₃ has B_ratio = 4/3 > 1, and h = (1, 1) gives
+        l = (−2, 0, 1), l* = (−5/3, 1/3, 4/3): max|l*| = 5/3 < 2 strictly. (An h ⊥ μ, e.g.
+        (0, 1), has l* = l: only the degenerate equality.) "Reversing the logic" fails too:
+        E₃ has maxᵢ‖e*ᵢ‖² = 16/9 ≤ 2 = maxᵢ‖eᵢ‖², so a shrinking Lemma-2 bound does not imply
+        B_ratio ≤ 1 either.
+      Eq. 14 ⇐, read as "for every h": true, trivially. With h = μ the logits are eᵢ·μ and
+        e*ᵢ·μ, so by Eq. 26, B_ratio ≤ 1 ⇔ max|l*| ≤ max|l| at h = μ                        (i)
+        — a restatement of the definition in the single direction of μ (E₃: 4/9 > 1/3).
+    None of this can happen for V = 2 (e*₁ = −e*₂ = (e₁ − e₂)/2, so |l*| ≤ max|l| always) or
+    D = 1 (l* = h·(eᵢ − μ), so Eq. 14 is exactly (i) for h ≠ 0).
+
+    What does hold, for every h and every matrix:
+      (ii)  l*ᵢ = lᵢ − l̄ (Lemma 1), so max|l*ᵢ| ≤ max|lᵢ| ⇔ max|lᵢ − l̄| ≤ max|lᵢ|: the
+            criterion is the ratio of Eq. 26 with eᵢ·μ replaced by this h's logits eᵢ·h;
+            and always max|l*ᵢ| ≤ maxᵢ lᵢ − minᵢ lᵢ ≤ 2·max|lᵢ|.
+      (iii) (1/V) Σᵢ l*ᵢ² = (1/V) Σᵢ lᵢ² − l̄²  and  (1/V) Σᵢ ‖e*ᵢ‖² = (1/V) Σᵢ ‖eᵢ‖² − ‖μ‖²:
+            centering always lowers the root-mean-square logit and row norm, not the maximum.
+      (iv)  maxᵢ‖e*ᵢ‖ ≤ maxᵢ‖eᵢ‖ ⇔ the Lemma-2 bound shrinks ⇔ the worst case over unit h
+            shrinks; row i's norm shrinks exactly when eᵢ·μ ≥ ‖μ‖²/2.
+    So B_ratio ≤ 1 (the paper's App. C finds it for trained untied models) is evidence that
+    centering shrinks the logit range along μ, not a guarantee for every token's largest
+    logit. How often a random h breaks it depends on the matrix and on how h is drawn:
+    `b_ratio_scan` measures it as a function of B_ratio.
+
+    Each row: step, example, claim (the step's inequality or equality on the example), lhs,
+    rhs (exact, as strings such as "10/9") and holds (does the claim hold there)."""
+    e0, e1, e2, e3 = exact_terms(E0), exact_terms(E1), exact_terms(E2, H2), exact_terms(E3, H3)
+    loose = max(1, e1["b_plus"]) / max(1 - e1["mu_sq"], e1["b_plus"] + e1["mu_sq"])
+    eq33_printed = e1["logit_mu_star"] / exact_sqrt(e1["mu_sq"]) - e1["logit_mu"]
+    e3_at_mu = exact_terms(E3, (Fraction(-1, 3), 0))
+    rows = [  # (step, example, claim, lhs, relation, rhs)
+        ("Eq. 26", "E₁", "Eq. 13 = max|e*·μ| / max|e·μ|", e1["eq13"], "=", e1["eq26"]),
+        ("Eq. 13, loose B₋", "E₁, B₋ = 1", "Eq. 13 = max|e*·μ| / max|e·μ|", loose, "=", e1["eq26"]),
+        ("Eq. 32", "E₀", "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", e0["norm_sq_star"], "=",
+         e0["eq32_split"]),
+        ("Eq. 32", "E₁", "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", e1["norm_sq_star"], "=",
+         e1["eq32_split"]),
+        ("Eq. 33, parallel parts", "E₁", "max(e*·μ̂)² − max(e·μ̂)² ≤ 0", e1["eq33_parallel"],
+         "≤", 0),
+        ("Eq. 33 as printed", "E₁", "max|e*·μ̂| − max|e·μ| ≤ 0", eq33_printed, "≤", 0),
+        ("Eq. 34", f"E₁, B_ratio = {e1['eq26']}", "max‖e*‖² ≤ max‖e‖²", e1["norm_sq_star"], "≤",
+         e1["norm_sq"]),
+        ("Eq. 34 → 35", f"E₂, h = {H2}, max‖e*‖² = {e2['norm_sq_star']} ≤ {e2['norm_sq']}",
+         "max|l*| ≤ max|l|", e2["logit_star"], "≤", e2["logit"]),
+        ("Eq. 14 ⇒", f"E₂, h = {H2}, B_ratio = {e2['eq26']}", "max|l*| ≤ max|l|",
+         e2["logit_star"], "≤", e2["logit"]),
+        ("Eq. 14 ⇐", f"E₃, h = {H3}, max|l*| = {e3['logit_star']} < {e3['logit']}",
+         "B_ratio ≤ 1", e3["eq26"], "≤", 1),
+        ("⇐ by reversing", f"E₃, max‖e*‖² = {e3['norm_sq_star']} ≤ {e3['norm_sq']}",
+         "B_ratio ≤ 1", e3["eq26"], "≤", 1),
+        ("(i) at h = μ", f"E₃, B_ratio = {e3['eq26']} > 1", "max|l*| > max|l|",
+         e3_at_mu["logit_star"], ">", e3_at_mu["logit"]),
+    ]
+    holds = {"=": lambda a, b: a == b, "≤": lambda a, b: a <= b, ">": lambda a, b: a > b}
+    return [dict(step=step, example=example, claim=claim, lhs=str(lhs), rhs=str(rhs),
+                 holds=holds[relation](lhs, rhs))
+            for step, example, claim, lhs, relation, rhs in rows]
+
+
+def exhaustive_search(entries: int = SEARCH_ENTRIES,
+                      h_entries: int = SEARCH_H_ENTRIES) -> list[dict]:
+    """Every V = 3, D = 2 matrix W with integer entries in {−entries, …, entries} and μ ≠ 0,
+    against every integer h ≠ 0 with entries in {−h_entries, …, h_entries}: for each failing
+    step of Theorem 4's proof, how many matrices break it and the smallest that does (size
+    Σ|Wᵢⱼ|, then Σ|hⱼ|; ties go to the first in the enumeration). All in integers: with
+    s = 3μ = Σᵢ eᵢ, the scaled rows 3eᵢ and 3e*ᵢ = 3eᵢ − s are integer vectors, and every
+    comparison of the proof is one between their dot products (the Eq. 32 split multiplied
+    by ‖s‖²), so no rounding can decide a verdict."""
+    values = range(-entries, entries + 1)
+    W = np.array(list(itertools.product(values, repeat=6)), dtype=np.int64).reshape(-1, 3, 2)
+    W = W[W.sum(1).any(1)]                                          # μ ≠ 0
+    s = W.sum(1)[:, None, :]                                        # 3μ, shaped like a row
+    rows, rows_star = 3 * W, 3 * W - s                              # 3eᵢ, 3e*ᵢ
+    b_ratio_le_1 = (np.abs((rows_star * s).sum(2)).max(1)
+                    <= np.abs((rows * s).sum(2)).max(1))            # Eq. 26 ≤ 1
+    norm_sq, norm_sq_star = (rows ** 2).sum(2), (rows_star ** 2).sum(2)
+    norm_shrinks = norm_sq_star.max(1) <= norm_sq.max(1)            # Eq. 34's conclusion
+    s_sq = (s ** 2).sum(2)
+    parallel = (rows_star * s).sum(2) ** 2                          # ‖s‖²·‖3e*ᵢ∥‖²
+    eq32_fails = s_sq[:, 0] * norm_sq_star.max(1) < parallel.max(1) + (
+        s_sq * norm_sq_star - parallel).max(1)
+    H = np.array([h for h in itertools.product(range(-h_entries, h_entries + 1), repeat=2)
+                  if any(h)], dtype=np.int64)
+    logit = np.abs(np.einsum("mvd,hd->mhv", rows, H)).max(2)        # 3·max|l|, matrix × h
+    logit_star = np.abs(np.einsum("mvd,hd->mhv", rows_star, H)).max(2)
+    no_h = np.ones((len(W), 1), dtype=bool)
+    claims = (  # (step, claim, counterexample: premise of W and outcome for (W, h))
+        ("Eq. 32", "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", eq32_fails, no_h),
+        ("Eq. 34", "B_ratio ≤ 1 ⇒ max‖e*‖ ≤ max‖e‖", b_ratio_le_1 & ~norm_shrinks, no_h),
+        ("Eq. 34 → 35", "max‖e*‖ ≤ max‖e‖ ⇒ max|l*| ≤ max|l|", norm_shrinks, logit_star > logit),
+        ("Eq. 14 ⇒", "B_ratio ≤ 1 ⇒ max|l*| ≤ max|l|", b_ratio_le_1, logit_star > logit),
+        ("Eq. 14 ⇐", "max|l*| < max|l| ⇒ B_ratio ≤ 1", ~b_ratio_le_1, logit_star < logit),
+        ("⇐ by reversing", "max‖e*‖ ≤ max‖e‖ ⇒ B_ratio ≤ 1", norm_shrinks & ~b_ratio_le_1, no_h))
+    w_size, h_size = np.abs(W).sum((1, 2)), np.abs(H).sum(1)
+    out = []
+    for step, claim, premise, outcome in claims:
+        fails = premise[:, None] & outcome
+        found = dict(step=step, claim=claim, matrices=int(fails.any(1).sum()), W=None, h=None,
+                     size=None)
+        if found["matrices"]:
+            needs_h = outcome is not no_h
+            i, j = np.nonzero(fails)
+            k = np.lexsort((h_size[j] * needs_h, w_size[i]))[0]       # smallest W, then h
+            found.update(W=W[i[k]].tolist(), h=H[j[k]].tolist() if needs_h else None,
+                         size=int(w_size[i[k]]))
+        out.append(found)
+    return out
+
+
+def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = SCAN_HIDDEN,
+                 shape=SCAN_SHAPE, seed: int = 0) -> list[dict]:
+    """How often a random h gets a larger max|l*| than max|l|, per random anisotropic matrix.
+
+    The generator (float64, one torch.Generator seeded with `seed`): per matrix, per-axis
+    scales aₖ ~ U(0, 2), a shift size c = 10^u with u ~ U(−1, 1), and
+        W = X·diag(a) + c·m,   X ~ N(0, 1)^{V×D},  m ~ N(0, I_D)
+    (rows isotropic up to the axis scales, plus a common shift: anisotropic like trained
+    output embeddings), then n_hidden hidden states h ~ N(0, I_D). Returns per matrix its
+    B_ratio and the share of its h with maxᵢ|l*ᵢ| > maxᵢ|lᵢ|. Theorem 4 would make that share
+    0 whenever B_ratio ≤ 1 and 1 whenever B_ratio > 1; the numbers depend on this generator."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*size):
+        return torch.randn(*size, generator=generator, dtype=torch.float64)
+
+    V, D = shape
+    out = []
+    for _ in range(n_matrices):
+        scales = 2 * torch.rand(D, generator=generator, dtype=torch.float64)
+        shift = 10 ** (2 * torch.rand(1, generator=generator, dtype=torch.float64) - 1)
+        W = draw(V, D) * scales + shift * draw(D)
+        H = draw(D, n_hidden)
+        larger = ((W - W.mean(0)) @ H).abs().amax(0) > (W @ H).abs().amax(0)
+        out.append(dict(B_ratio=heads.b_ratio(W), larger_share=larger.double().mean().item()))
+    return out
+
+
+def binned(scan: list[dict], edges=(0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, math.inf)):
+    """The scan's mean share per B_ratio bin [lo, hi), empty bins left out."""
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        shares = [r["larger_share"] for r in scan if lo <= r["B_ratio"] < hi]
+        if shares:
+            rows.append(dict(B_ratio_from=lo, B_ratio_to=hi, matrices=len(shares),
+                             larger_share=sum(shares) / len(shares)))
+    return rows
