@@ -1,4 +1,5 @@
 """data.py: shard format, GPT-2 text, synthetic languages, the rank-strided loader, download."""
+import hashlib
 import http.server
 import socket
 import threading
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiktoken
 import torch
 
 import data
@@ -86,7 +88,7 @@ def test_gpt2_ids():
 def test_missing_vocabulary_says_how_to_seed_the_cache(monkeypatch):
     def offline(name):
         raise ConnectionError("no network")
-    monkeypatch.setattr(data.tiktoken, "get_encoding", offline)
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
     with pytest.raises(RuntimeError, match="ConnectionError.*set TIKTOKEN_CACHE_DIR"):
         data.gpt2_encoding()
 
@@ -106,8 +108,9 @@ def test_text_to_shards_to_loader_decodes_back(tmp_path):
     second.write_text("A second document.\n\nIt ends here.", encoding="utf-8")
     out = tmp_path / "text"
     data.main(["text", str(PARADISE), str(second), "--out", str(out), "--workers", "2"])
-    assert sorted(p.name for p in out.iterdir()) == ["text_train_000000.bin", "text_val_000000.bin"]
-    train, val = (data.read_shard(p) for p in sorted(out.iterdir()))
+    assert sorted(p.name for p in out.iterdir()) == \
+        ["manifest.json", "text_train_000000.bin", "text_val_000000.bin"]
+    train, val = (data.read_shard(p) for p in sorted(out.glob("*.bin")))
     enc = data.gpt2_encoding()
     expected = "<|endoftext|>" + PARADISE.read_text(encoding="utf-8") + "<|endoftext|>" + \
         second.read_text(encoding="utf-8")
@@ -297,13 +300,17 @@ def test_download_resumes_a_transfer_that_breaks_off(server, tmp_path, capsys):
     ShardServer.cut_first = {"fineweb_train_000001.bin"}
     out = tmp_path / "fw"
     data.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in source.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == \
+        sorted([p.name for p in source.iterdir()] + ["manifest.json"])
+    recorded = data.read_manifest(out)["files"]
     for p in source.iterdir():
         assert (out / p.name).read_bytes() == p.read_bytes()
+        assert recorded[p.name] == {"bytes": p.stat().st_size,
+                                    "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
     half = (len(ShardServer.files["fineweb_train_000001.bin"])) // 2
     assert ShardServer.ranges == [None, None, f"bytes={half}-"]
     assert "MB/s" in capsys.readouterr().out
-    data.fetch_fineweb(out, 1, base_url=url)                # all there: nothing fetched again
+    data.fetch_fineweb(out, train_shards=1, base_url=url)                # all there: nothing fetched again
     assert len(ShardServer.ranges) == 3
 
 
@@ -314,7 +321,7 @@ def test_download_completes_an_existing_part_file(server, tmp_path, monkeypatch)
     out.mkdir()
     body = (source / "fineweb_val_000000.bin").read_bytes()
     (out / "fineweb_val_000000.bin.part").write_bytes(body[:1500])
-    data.fetch_fineweb(out, 1)
+    data.fetch_fineweb(out, train_shards=1)
     assert ShardServer.ranges[0] == "bytes=1500-"
     assert (out / "fineweb_val_000000.bin").read_bytes() == body
     assert not list(out.glob("*.part"))
@@ -325,7 +332,7 @@ def test_corrupt_download_is_rejected_and_leaves_no_file(server, tmp_path):
     ShardServer.files["fineweb_val_000000.bin"] = b"\x07" * 3000
     out = tmp_path / "fw"
     with pytest.raises(ValueError, match="is corrupt and was deleted .*magic number"):
-        data.fetch_fineweb(out, 1, base_url=url)
+        data.fetch_fineweb(out, train_shards=1, base_url=url)
     assert not list(out.iterdir())
 
 
