@@ -381,14 +381,15 @@ def open_atomic(path):
 
 
 class _WatchedFile(io.FileIO):
-    """A file that writes all of every buffer and remembers the OSError of a failed write."""
+    """A file that writes all of every buffer and remembers the OSError of a failed write
+    (so it can be told apart from other errors, and from a library's wrapping of it)."""
     error = None
 
     def write(self, data):
         view, done = memoryview(data).cast("B"), 0
         try:
-            while done < len(view):
-                done += super().write(view[done:])
+            while done < len(view):                # os.write may write only a part
+                done += os.write(self.fileno(), view[done:])
         except OSError as err:
             self.error = err
             raise
@@ -943,24 +944,25 @@ def _transfer(url, part, have, label):
         done = have if resumed else 0
         t0, last, start = time.perf_counter(), 0.0, done
         try:
-            with open(part, "ab" if resumed else "wb") as f:
+            f = _WatchedFile(part, "ab" if resumed else "wb")
+        except OSError as err:
+            raise _write_error(err, part) from None
+        with f:
+            try:
                 while chunk := response.read(1 << 20):
-                    _write_chunk(f, chunk, part)
+                    f.write(chunk)
                     done += len(chunk)
                     now = time.perf_counter() - t0
                     if now - last > 0.5 or done == total:
                         last = now
                         _print_progress(label, done, total, (done - start) / max(now, 1e-9))
-        finally:
-            print()
+            except OSError:                    # the disk's, or the network's (retried)
+                if f.error is not None:
+                    raise _write_error(f.error, part) from None
+                raise
+            finally:
+                print()
     return total, announced
-
-
-def _write_chunk(f, chunk, part):
-    try:
-        f.write(chunk)
-    except OSError as err:
-        raise _write_error(err, part) from None
 
 
 def _resumed_total(url, headers, have):

@@ -1,7 +1,13 @@
 """data.py: shard format, GPT-2 text, synthetic languages, the rank-strided loader, download."""
+import errno
 import hashlib
 import http.server
+import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -12,6 +18,7 @@ import torch
 
 import data
 
+ROOT = Path(__file__).resolve().parent.parent
 PARADISE = Path(__file__).parent / "assets" / "paradise_regained.txt"
 
 
@@ -252,22 +259,36 @@ def test_synthetic_refuses_bad_settings(tmp_path):
 
 # ----------------------------------------------------------------------------- download
 class ShardServer(http.server.BaseHTTPRequestHandler):
-    """Serves `files` with Range support; `cut_first` names files whose first answer breaks off."""
-    files, cut_first, ranges = {}, set(), []
+    """Serves `files` with Range support; `cut_first` names files whose first answer breaks off.
+
+    `hashes` {name: sha256} are stated as an ETag, or, with `via_hub`, as the X-Linked-Etag of
+    a 302 to /cdn/NAME as the Hugging Face hub does; `range_from_zero` makes a 206 reply
+    restart at byte 0 whatever was asked."""
+    files, cut_first, ranges, hashes, via_hub, range_from_zero = {}, set(), [], {}, False, False
 
     def do_GET(self):
-        body = self.files.get(self.path.rsplit("/", 1)[-1])
+        name = self.path.rsplit("/", 1)[-1]
+        body = self.files.get(name)
         if body is None:
             self.send_error(404)
             return
-        start = int(self.headers["Range"][6:-1]) if self.headers["Range"] else 0
+        if self.via_hub and "/cdn/" not in self.path:
+            self.send_response(302)
+            self.send_header("Location", f"/cdn/{name}")
+            self.send_header("X-Linked-Etag", f'"{self.hashes[name]}"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        asked = int(self.headers["Range"][6:-1]) if self.headers["Range"] else 0
+        start = 0 if self.range_from_zero else asked
         self.ranges.append(self.headers["Range"])
-        self.send_response(206 if start else 200)
-        if start:
+        self.send_response(206 if asked else 200)
+        if asked:
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        if name in self.hashes and not self.via_hub:
+            self.send_header("ETag", f'"{self.hashes[name]}"')
         self.send_header("Content-Length", str(len(body) - start))
         self.end_headers()
-        name = self.path.rsplit("/", 1)[-1]
         if name in self.cut_first:
             self.cut_first.discard(name)
             self.wfile.write(body[start:start + (len(body) - start) // 2])
@@ -286,7 +307,8 @@ def server(tmp_path):
     data.write_shard(source / "fineweb_val_000000.bin", np.arange(3000) % 50257)
     data.write_shard(source / "fineweb_train_000001.bin", np.arange(5000) * 7 % 50257)
     ShardServer.files = {p.name: p.read_bytes() for p in source.iterdir()}
-    ShardServer.cut_first, ShardServer.ranges = set(), []
+    ShardServer.cut_first, ShardServer.ranges, ShardServer.hashes = set(), [], {}
+    ShardServer.via_hub = ShardServer.range_from_zero = False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ShardServer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -347,3 +369,276 @@ def test_missing_shard_and_offline_errors(server, tmp_path):
     with pytest.raises(SystemExit, match=r"offline, train on local text instead: "
                                          r"`python data.py text FILES --out DIR`"):
         data.main(["fineweb", "--out", str(tmp_path / "dead"), "--base_url", dead])
+
+
+def sha256(raw):
+    return hashlib.sha256(raw).hexdigest()
+
+
+def tamper(raw):
+    """The same shard with one token changed: a valid header, another hash."""
+    return raw[:-2] + bytes([raw[-2] ^ 1, raw[-1]])
+
+
+def test_a_resumed_reply_must_continue_where_the_part_file_ends(server, tmp_path):
+    url, source = server
+    body = (source / "fineweb_val_000000.bin").read_bytes()
+    out = tmp_path / "fw"
+    out.mkdir()
+    (out / "fineweb_val_000000.bin.part").write_bytes(body[:1500])
+    ShardServer.range_from_zero = True                      # 206, but from byte 0
+    with pytest.raises(SystemExit, match=r"bytes from 1500 with Content-Range 'bytes 0-"):
+        data.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
+    assert (out / "fineweb_val_000000.bin.part").read_bytes() == body[:1500]  # kept as it was
+    assert not (out / "fineweb_val_000000.bin").exists()
+
+
+@pytest.mark.parametrize("via_hub", [False, True])
+def test_download_must_match_the_sha256_the_server_states(server, tmp_path, via_hub):
+    url, source = server
+    ShardServer.via_hub = via_hub                           # X-Linked-Etag on a 302, or ETag
+    ShardServer.hashes = {name: sha256(raw) for name, raw in ShardServer.files.items()}
+    data.fetch_fineweb(tmp_path / "good", train_shards=1, base_url=url)
+    recorded = data.read_manifest(tmp_path / "good")["files"]
+    assert {name: e["sha256"] for name, e in recorded.items()} == ShardServer.hashes
+    ShardServer.files["fineweb_train_000001.bin"] = tamper(ShardServer.files["fineweb_train_000001.bin"])
+    with pytest.raises(ValueError, match="corrupt and was deleted .*sha256 differs from the "
+                                         + ShardServer.hashes["fineweb_train_000001.bin"]):
+        data.fetch_fineweb(tmp_path / "bad", train_shards=1, base_url=url)
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == \
+        ["fineweb_val_000000.bin", "manifest.json"]
+
+
+def test_shards_recorded_by_no_manifest_are_recorded_without_downloading(server, tmp_path):
+    url, _ = server
+    out = tmp_path / "fw"
+    data.fetch_fineweb(out, train_shards=1, base_url=url)
+    fingerprint = data.check_dataset(out)
+    (out / "manifest.json").unlink()                        # an older data.py, or a kill
+    assert data.check_dataset(out) != fingerprint           # sizes only, still accepted
+    requests = len(ShardServer.ranges)
+    data.fetch_fineweb(out, train_shards=1, base_url=url)
+    assert len(ShardServer.ranges) == requests and data.check_dataset(out) == fingerprint
+
+
+def test_disk_full_during_a_download_says_so(server, tmp_path, monkeypatch):
+    url, _ = server
+    fill_disk_under(tmp_path / "fw", monkeypatch)
+    with pytest.raises(SystemExit) as failure:
+        data.main(["fineweb", "--shards", "1", "--out", str(tmp_path / "fw"), "--base_url", url])
+    message = str(failure.value)
+    assert re.fullmatch(r"data.py fineweb: error: the disk is full: could not write \S+"
+                        r"fineweb_val_000000.bin.part \([\d,]+ bytes free on /\S*\)", message)
+    assert "offline" not in message
+
+
+def test_fineweb100b_is_the_default_and_only_the_shards_a_run_reads_are_fetched():
+    paper_tokens = 100_000 * 64 * 2048                      # steps × batch × seq_len
+    assert data.DEFAULT_DATA == "data/fineweb100B"
+    assert data.shards_needed(paper_tokens) == 132          # 13.1B tokens: 131.07 shards
+    assert data.shards_needed(paper_tokens, "fineweb10B") == 103   # all it has: 10.3B
+    assert data.shards_needed(1) == 1
+    with pytest.raises(ValueError, match="fineweb10B has 103 train shards; ask for 1 to 103"):
+        data.fetch_fineweb("unused", "fineweb10B", 104)
+
+
+# ----------------------------------------------------------------------------- safe writes
+def fill_disk_under(folder, monkeypatch, after=0):
+    """Make every write to a file under folder fail with ENOSPC once `after` bytes went in."""
+    real_write, written = os.write, [0]
+
+    def write(fd, raw):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder)):
+            if written[0] + len(raw) > after:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written[0] += len(raw)
+        return real_write(fd, raw)
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_disk_full_during_a_save_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt.pt"
+    with data.open_atomic(target) as f:
+        torch.save({"step": 1}, f)
+    fill_disk_under(tmp_path, monkeypatch, after=4096)
+    with pytest.raises(data.DiskFullError, match=r"^the disk is full: could not write "
+                                                 rf"{re.escape(str(target))} \([\d,]+ bytes free"):
+        with data.open_atomic(target) as f:
+            torch.save({"step": 2, "weights": torch.zeros(100_000)}, f)   # torch wraps the error
+    assert torch.load(target) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]     # no temporary file left
+    fill_disk_under(tmp_path, monkeypatch)
+    with pytest.raises(data.DiskFullError, match="the disk is full"):
+        data.write_atomic(tmp_path / "summary.json", "{}")
+
+
+def test_write_atomic_uses_a_unique_temporary_name_and_names_the_failure(tmp_path, monkeypatch):
+    names = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: names.append(Path(a).name) or real_replace(a, b))
+    for _ in range(2):
+        data.write_atomic(tmp_path / "a.json", "{}")
+    assert len(set(names)) == 2 and all(n.startswith(".a.json.") for n in names)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(data.WriteError, match=r"could not write \S+/file/a.json \(Not a directory\)"):
+        data.write_atomic(tmp_path / "file" / "a.json", "{}")
+
+
+# ----------------------------------------------------------------------------- datasets as a unit
+def prepare_small_text(out, text):
+    source = out.parent / f"{out.name}.txt"
+    source.write_text(text, encoding="utf-8")
+    data.prepare_text([source], out, workers=1)
+
+
+def contents(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_a_failed_rewrite_leaves_the_old_dataset_intact(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    prepare_small_text(out, "The old text, line after line.\n" * 200)
+    before = contents(out)
+    stale = out / ".ds.999999999.dead.staging"                # left by a killed writer
+    stale.mkdir()
+    real = data.write_shard
+
+    def disk_full_at_val(path, tokens):
+        if "val" in Path(path).name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, tokens)
+    monkeypatch.setattr(data, "write_shard", disk_full_at_val)
+    with pytest.raises(OSError):
+        prepare_small_text(out, "Quite another text now.\n" * 300)
+    assert contents(out) == before                          # nothing replaced ...
+    assert [p.name for p in out.iterdir() if p.is_dir()] == []   # ... and nothing left
+
+
+def test_an_interrupted_swap_is_refused_by_every_reader(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+    prepare_small_text(out, "The old text, line after line.\n" * 200)
+    real, renames = data._rename, []
+
+    def killed_after_one(source, target):                   # of the shards renamed into out
+        if Path(target).parent == out and Path(target).name.endswith(".bin"):
+            if renames:
+                raise KeyboardInterrupt                     # a kill between two renames
+            renames.append(target)
+        real(source, target)
+    monkeypatch.setattr(data, "_rename", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_small_text(out, "Quite another text now.\n" * 300)
+    monkeypatch.undo()
+    for read in (lambda: data.ShardLoader(out, 2, 8), lambda: data.check_dataset(out)):
+        with pytest.raises(ValueError, match="left half-written by an interrupted data.py"):
+            read()
+    prepare_small_text(out, "Quite another text now.\n" * 300)   # rerunning repairs it
+    data.check_dataset(out)
+
+
+def test_a_mixed_folder_is_refused_in_one_sentence(tmp_path):
+    prepare_small_text(tmp_path / "a", "One text, line after line.\n" * 200)
+    prepare_small_text(tmp_path / "b", "Another text, longer lines here.\n" * 300)
+    a, b = tmp_path / "a", tmp_path / "b"
+    fingerprint = data.check_dataset(a)
+    (a / "text_train_000001.bin").write_bytes((b / "text_train_000000.bin").read_bytes())
+    with pytest.raises(ValueError, match="text_train_000001.bin is not named in .*manifest.json, "
+                                         "so the folder mixes datasets"):
+        data.ShardLoader(a, 2, 8)
+    (a / "text_train_000001.bin").unlink()
+    val = (a / "text_val_000000.bin").read_bytes()
+    (a / "text_val_000000.bin").write_bytes((b / "text_val_000000.bin").read_bytes())
+    with pytest.raises(ValueError, match=r"text_val_000000.bin has \d+ bytes, but the manifest "
+                                         r"records \d+ bytes"):
+        data.val_batches(a, 16, 2, 8)
+    (a / "text_val_000000.bin").write_bytes(tamper(val))    # same size, another content
+    data.ShardLoader(a, 2, 8, split="val")                  # sizes only at every loader start
+    with pytest.raises(ValueError, match="sha256 mismatch"):
+        data.check_dataset(a)
+    (a / "text_val_000000.bin").write_bytes(val)
+    assert data.check_dataset(a) == fingerprint
+
+
+def test_a_directory_named_like_a_shard_is_refused(tmp_path):
+    make_shards(tmp_path, "train", [100])
+    (tmp_path / "t_train_000001.bin").mkdir()
+    with pytest.raises(ValueError, match=r"t_train_000001.bin is named like a shard but is not a "
+                                         r"file; rename or remove it"):
+        data.ShardLoader(tmp_path, 2, 8)
+    with pytest.raises(SystemExit, match="is a file, not a folder of shards"):
+        data.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+                   "--out", str(tmp_path / "t_train_000000.bin")])
+
+
+def test_fingerprint_follows_content_not_path_and_check_records_foreign_shards(tmp_path, capsys):
+    for name in ("x", "y"):
+        prepare_small_text(tmp_path / name, "Same text.\n" * 300)
+    assert data.check_dataset(tmp_path / "x") == data.check_dataset(tmp_path / "y")
+    make_shards(tmp_path / "foreign", "train", [100])
+    make_shards(tmp_path / "foreign", "val", [50])
+    sizes_only = data.check_dataset(tmp_path / "foreign")   # no manifest: accepted as it is
+    data.main(["check", str(tmp_path / "foreign")])
+    assert "wrote" in capsys.readouterr().out
+    assert data.check_dataset(tmp_path / "foreign") not in (sizes_only, None)
+    assert set(data.read_manifest(tmp_path / "foreign")["files"]) == \
+        {"t_train_000000.bin", "t_val_000000.bin"}
+
+
+def test_text_files_are_tokenized_once_into_a_cache(tmp_path, monkeypatch):
+    text = tmp_path / "story.txt"
+    text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
+    cache = tmp_path / "cache"
+    folder = data.text_dataset([text], cache_root=cache, workers=1)
+    assert folder.parent == cache and folder.name.startswith("story-")
+    fingerprint = data.check_dataset(folder)
+    monkeypatch.setattr(data, "tokenize_texts", None)       # a second tokenizing would fail
+    assert data.text_dataset([text], cache_root=cache) == folder
+    monkeypatch.undo()
+    text.write_text("Once upon another time.\n" * 300, encoding="utf-8")
+    edited = data.text_dataset([text], cache_root=cache, workers=1)
+    assert edited != folder and data.check_dataset(edited) != fingerprint
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["source"]["key"] = "0" * 64                    # the cache changed under its name
+    data.write_atomic(folder / "manifest.json", json.dumps(manifest))
+    text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
+    with pytest.raises(ValueError, match=f"the cached dataset {re.escape(str(folder))} does not "
+                                         f"hold the tokens of .*story.txt"):
+        data.text_dataset([text], cache_root=cache)
+
+
+# ----------------------------------------------------------------------------- command line
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--steps", "-5"], "argument --steps: -5 is invalid; give an integer > 0"),
+    (["bench", "--batch_size", "0"], "argument --batch_size: 0 is invalid; give an integer > 0"),
+    (["fineweb", "--shards", "0"], "argument --shards: 0 is invalid"),
+    (["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "-1", "--out", "x"],
+     "argument --tokens: -1 is invalid"),
+    (["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "99", "--out", "x",
+      "--seed", "-1"], "argument --seed: -1 is invalid; give an integer >= 0"),
+    (["text", "a.txt", "--out", "x", "--val_fraction", "1.5"],
+     "argument --val_fraction: 1.5 is invalid; give a number strictly between 0 and 1"),
+    (["text", "a.txt", "--out", "x", "--workers", "two"], "argument --workers: 'two' is not a number"),
+])
+def test_nonsense_numbers_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        data.main(argv)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_loader_works_without_tiktoken(tmp_path):
+    make_shards(tmp_path, "train", [100])
+    script = f"""
+import sys
+sys.modules["tiktoken"] = None                              # `import tiktoken` fails
+import data
+x, y = data.ShardLoader({str(tmp_path)!r}, 2, 8).next_batch()
+assert y[0, 0].item() == 1
+try:
+    data.gpt2_encoding()
+except RuntimeError as err:
+    print(err)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("tokenizing text needs tiktoken, which is not installed; "
+                                   "run `pip install tiktoken`")
