@@ -851,8 +851,9 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
             print(f"{label}: already here, recorded in the manifest")
             write_manifest(folder, source)
         else:
-            download_shard(f"{url}/{name}", path, label=label)
-            write_manifest(folder, source, known={name: file_entry(path)})
+            digest = download_shard(f"{url}/{name}", path, label=label)
+            entry = {"bytes": path.stat().st_size, "sha256": digest}
+            write_manifest(folder, source, known={name: entry})
     tokens = sum(shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
     return [folder / name for name in names]
@@ -874,7 +875,8 @@ def download_shard(url, path, label=""):
     times. A 206 reply must continue exactly where the part file ends (its Content-Range
     says so). Where the server states the file's sha256 (the Hugging Face hub's
     X-Linked-Etag, or an ETag of 64 hex digits), the download must match it. A shard that
-    fails validation is deleted, so no half or corrupt file remains under its name."""
+    fails validation is deleted, so no half or corrupt file remains under its name.
+    Returns the shard's sha256."""
     part = path.with_name(path.name + ".part")
     expected = None
     for attempt in range(DOWNLOAD_RETRIES + 1):
@@ -894,10 +896,10 @@ def download_shard(url, path, label=""):
         raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
                            f"to resume it from {part}")
     try:
-        n = shard_length(part)
+        n, digest = shard_length(part), sha256_file(part)
         if total is not None and _size(part) != total:
             raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
-        if expected and sha256_file(part) != expected:
+        if expected and digest != expected:
             raise ValueError(f"its sha256 differs from the {expected} the server announced")
     except ValueError as err:
         part.unlink()
@@ -905,6 +907,7 @@ def download_shard(url, path, label=""):
                          f"run the command again, or check --base_url") from None
     _rename(part, path)
     print(f"{label}: {n:,} tokens ok")
+    return digest
 
 
 def _size(path):
