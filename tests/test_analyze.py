@@ -1,13 +1,17 @@
-"""analyze.py: known answers for every measurement, and the CLI on small run folders.
+"""analyze.py and theorem4.py: known answers for every measurement, Theorem 4's audit in exact
+arithmetic, and the CLI on small run folders.
 
 The run folders here are written in train.py's checkpoint format (config.json, ckpt.pt and
 ckpt_step*.pt snapshots) from tiny models on a synthetic Markov language of 64 tokens, so each
 subcommand runs end to end in about a second.
 """
+import errno
 import json
 import math
+import os
+import pickle
+from fractions import Fraction
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,6 +19,7 @@ import analyze
 import data
 import heads
 import model
+import theorem4
 
 VOCAB = 64  # the synthetic runs' vocabulary
 
@@ -23,12 +28,7 @@ def gaussian(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def random_rotation(d, seed=0):
-    Q, R = torch.linalg.qr(gaussian(d, d, seed=seed))
-    return Q * torch.sign(torch.diagonal(R))  # a proper random orthogonal matrix
-
-
-# ───────────────────────────── pure functions: known answers ─────────────────────────────
+# ───────────────────────────── gradient bottleneck: known answers ─────────────────────────────
 
 def test_isotropic_weight_retains_d_over_v_of_a_random_gradient():
     """For a fixed D-dim subspace and isotropic g, ‖Pg‖²/‖g‖² ~ Beta(D/2, (V−D)/2): mean D/V."""
@@ -65,9 +65,20 @@ def test_batch_bounds_match_an_explicit_svd_and_an_explicit_sgd_step():
     assert out["pooled_energy"] <= out["rankD_energy"] + 1e-12  # Eckart–Young: best rank-D
 
 
-def test_batch_bound_is_trivial_when_there_are_fewer_tokens_than_2d():
-    out = analyze.bottleneck(gaussian(30, 200, seed=8), gaussian(200, 20, seed=9))
-    assert out["rank2D_energy"] == pytest.approx(1.0, abs=1e-12)
+@pytest.mark.parametrize("N, trivial", [(15, ["rankD_energy", "rank2D_energy", "rank2D_cosine"]),
+                                        (20, ["rankD_energy", "rank2D_energy", "rank2D_cosine"]),
+                                        (30, ["rank2D_energy", "rank2D_cosine"]),
+                                        (40, ["rank2D_energy", "rank2D_cosine"]),
+                                        (41, [])])
+def test_which_batch_figures_are_trivially_one(N, trivial):
+    """rank G ≤ N: the rank-2D energy is 1 when N ≤ 2D, the rank-D energy only when N ≤ D, and
+    the pooled energy never (here D = 20, V = 200)."""
+    D = 20
+    out = analyze.bottleneck(gaussian(N, 200, seed=8), gaussian(200, D, seed=9))
+    assert analyze.trivially_one(N, 200, D) == trivial
+    for name in ("rankD_energy", "rank2D_energy", "rank2D_cosine"):
+        assert (out[name] == pytest.approx(1.0, abs=1e-12)) == (name in trivial), name
+    assert out["pooled_energy"] < 0.5
 
 
 def test_loss_gradients_are_softmax_minus_onehot():
@@ -76,54 +87,6 @@ def test_loss_gradients_are_softmax_minus_onehot():
     torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
     G = analyze.loss_gradients(logits.detach(), targets)
     torch.testing.assert_close(G, logits.grad, rtol=0, atol=1e-15)
-
-
-def test_rotated_copy_has_procrustes_alignment_one_and_full_knn_overlap():
-    A = gaussian(200, 16, seed=11)
-    B = A @ random_rotation(16, seed=12) + 3.0  # rotated and shifted: centring removes the shift
-    out = analyze.alignment(A, B)
-    assert out["procrustes"] == pytest.approx(1.0, abs=1e-12)
-    assert out["lstsq"] == pytest.approx(1.0, abs=1e-12)
-    assert out["identity"] < 0.5  # a non-trivial rotation moves the coordinates
-    assert analyze.knn_overlap(A, B, k=10) == 1.0
-    assert analyze.similarity_alignment(analyze.centred(A), analyze.centred(B)) == pytest.approx(1.0, abs=1e-12)
-
-
-def test_unrelated_matrices_are_not_aligned():
-    A, B = gaussian(300, 16, seed=13), gaussian(300, 16, seed=14)
-    assert analyze.alignment(A, B)["procrustes"] < 0.3
-    assert analyze.knn_overlap(A, B, k=10) < 0.1  # chance is k/(n−1) ≈ 0.03
-
-
-@pytest.fixture(scope="module")
-def markov_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("markov")
-    data.prepare_synthetic("markov", VOCAB, 120_000, out, seed=0, seq_len=64)
-    return out
-
-
-def test_markov_signatures_equal_the_generating_probabilities(markov_dir):
-    """Label signature = P; context signature at −k = π_b (Pᵏ)_ba / π_a (the reversed chain)."""
-    P = data.markov_transition(VOCAB, 0)
-    pi = data.markov_stationary(P)
-    tokens = analyze.training_tokens(markov_dir, 10**9)
-    ids = np.arange(VOCAB)
-    rows = np.bincount(tokens, minlength=VOCAB)
-    for offset, expected in ((1, P), (-1, (pi[:, None] * P).T / pi[:, None]),
-                             (-2, (pi[:, None] * (P @ P)).T / pi[:, None])):
-        S = analyze.signature(tokens, ids, offset)
-        np.testing.assert_allclose(S.sum(1), 1, atol=1e-12)
-        # binomial sampling error of each entry, 5σ (plus the few joins between chains)
-        sigma = np.sqrt(expected * (1 - expected) / rows[:, None])
-        assert np.all(np.abs(S - expected) <= 5 * sigma + 2e-3), offset
-
-
-def test_signature_over_a_subset_counts_partners_outside_it():
-    tokens = np.array([0, 1, 2, 0, 1, 0, 2])
-    S = analyze.signature(tokens, np.array([0, 1]), offset=1)
-    # after 0: 1, 1, 2 → P(1 | 0) = 2/3, and P(2 | 0) = 1/3 falls outside the subset
-    np.testing.assert_allclose(S, [[0, 2 / 3], [1 / 2, 0]])
-    np.testing.assert_array_equal(analyze.frequent_tokens(tokens, 2), [0, 1])
 
 
 # ───────────────────────────── the paper's identities ─────────────────────────────
@@ -148,9 +111,9 @@ def test_verify_identities_hold_to_float64_precision_with_the_projects_centering
 
 
 def test_verify_reports_the_failing_step_of_theorem_4():
-    """heads.b_ratio's E₁ = [[−1,0],[0,−1],[0,1]]: B_ratio = 2/3 ≤ 1, yet Eq. 32 and Eq. 34 fail,
-    and h = (1, −3) gets a larger max |l*| than max |l| (10/3 > 3)."""
-    W = torch.tensor([[-1.0, 0], [0, -1], [0, 1]], dtype=torch.float64)
+    """E₁ = [[−1,0],[0,−1],[0,1]]: B_ratio = 2/3 ≤ 1, yet Eq. 32 and Eq. 34 fail, and
+    h = (1, −3) gets a larger max |l*| than max |l| (10/3 > 3)."""
+    W = torch.tensor(theorem4.E1, dtype=torch.float64)
     W_star = W - W.mean(0)
     out = analyze.verify_identities(torch.tensor([[1.0, -3.0]], dtype=torch.float64), W, W_star,
                                     torch.tensor([0]))
@@ -163,7 +126,7 @@ def test_verify_reports_the_failing_step_of_theorem_4():
 
 def test_logit_statistics_per_token():
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, -6.0]], dtype=torch.float64)
-    out = analyze.logit_statistics(logits)
+    out = dict(zip(heads.LOGIT_STATS, heads.logit_stat_sums(logits).tolist()))
     assert out["logit_mean"] == pytest.approx(2.0 + -2.0)
     assert out["logit_std"] == pytest.approx(math.sqrt(2 / 3) + math.sqrt(8))
     assert out["logit_absmax"] == pytest.approx(3 + 6)
@@ -171,35 +134,80 @@ def test_logit_statistics_per_token():
     assert out["log2Z"] == pytest.approx(lse[0] ** 2 + lse[1] ** 2)
 
 
-# ───────────────────────────── gradient split of a tied matrix ─────────────────────────────
+# ───────────────────────────── Theorem 4's audit (theorem4.py) ─────────────────────────────
 
-def tiny_model(tie, head="baseline", seed=0):
-    torch.manual_seed(seed)
-    return analyze.build_model(dict(size="tiny", head=head, tie=tie, vocab_size=VOCAB, seq_len=32))
+def audit_row(step, example):
+    row, = [r for r in theorem4.theorem4_audit()
+            if r["step"] == step and r["example"].startswith(example)]
+    return Fraction(row["lhs"]), Fraction(row["rhs"]), row["holds"]
 
 
-def test_tied_gradient_split_equals_the_untied_twin():
-    """A tied model's two gradient parts equal the input and output gradients of an untied
-    model whose two matrices hold the same values."""
-    tied, untied = tiny_model(tie=True), tiny_model(tie=False)
-    state = tied.state_dict()
-    state["out_embedding"] = state["wte.weight"].clone()
-    untied.load_state_dict(state)
-    x = torch.randint(VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
-    y = torch.roll(x, -1, 1)
-    out_t, in_t = analyze.tied_gradient_split(tied, x, y)
-    out_u, in_u = analyze.tied_gradient_split(untied, x, y)
-    # float32 model: the output part is a difference of two float32 sums, so compare at that scale
-    for a, b in ((in_t, in_u), (out_t, out_u)):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6 * b.abs().max().item())
-    untied(x, y)[0].backward()
-    torch.testing.assert_close(in_u, untied.wte.weight.grad.double())
-    share = analyze.output_share(out_t, in_t)
-    assert share["share_norm"] == pytest.approx(out_t.norm() / (out_t.norm() + in_t.norm()))
-    assert 0 < share["share_energy"] < 1
+@pytest.mark.parametrize("step, example, lhs, rhs, holds", [
+    ("Eq. 26", "E₁", "2/3", "2/3", True),
+    ("Eq. 13, loose B₋", "E₁", "9/8", "2/3", False),
+    ("Eq. 32", "E₀", "5/9", "13/18", False),
+    ("Eq. 32", "E₁", "10/9", "13/9", False),
+    ("Eq. 33, parallel parts", "E₁", "-5/9", "0", True),
+    ("Eq. 33 as printed", "E₁", "1/3", "0", False),
+    ("Eq. 34", "E₁", "10/9", "1", False),
+    ("Eq. 34 → 35", "E₂", "4/3", "1", False),
+    ("Eq. 14 ⇒", "E₂", "4/3", "1", False),
+    ("Eq. 14 ⇐", "E₃", "4/3", "1", False),
+    ("⇐ by reversing", "E₃", "4/3", "1", False),
+    ("(i) at h = μ", "E₃", "4/9", "1/3", True),
+])
+def test_audit_checks_each_step_as_its_text_states(step, example, lhs, rhs, holds):
+    assert audit_row(step, example) == (Fraction(lhs), Fraction(rhs), holds)
+
+
+def test_audit_premises_and_the_strict_backward_counterexample():
+    """The premises the audit's examples rely on, recomputed in float64 without theorem4.py."""
+    def terms(E, h):
+        e = torch.tensor(E, dtype=torch.float64)
+        e_star, h = e - e.mean(0), torch.tensor(h, dtype=torch.float64)
+        return (heads.b_ratio(e), (e_star ** 2).sum(1).max().item(), (e ** 2).sum(1).max().item(),
+                (e_star @ h).abs().max().item(), (e @ h).abs().max().item())
+    b2, norm2_star, norm2, l2_star, l2 = terms(theorem4.E2, theorem4.H2)
+    assert b2 == pytest.approx(1 / 3) and norm2_star == pytest.approx(8 / 9) and norm2 == 1
+    assert l2_star == pytest.approx(4 / 3) and l2 == 1
+    b3, norm3_star, norm3, l3_star, l3 = terms(theorem4.E3, theorem4.H3)
+    assert b3 == pytest.approx(4 / 3) and norm3_star == pytest.approx(16 / 9) and norm3 == 2
+    assert l3_star == pytest.approx(5 / 3) and l3 == 2  # strictly smaller: not only h ⊥ μ
+
+
+def size(E):
+    return sum(abs(x) for row in E for x in row)
+
+
+def test_exhaustive_search_finds_no_counterexample_smaller_than_the_audits():
+    """On entries in {−1, 0, 1} (the full default range is ±2; same answers, see the CLI)."""
+    found = {r["step"]: r for r in theorem4.exhaustive_search(entries=1, h_entries=1)}
+    assert found["Eq. 32"]["W"] == [list(r) for r in theorem4.E0] and found["Eq. 32"]["size"] == 2
+    assert found["Eq. 34"]["W"] == [list(r) for r in theorem4.E1]
+    for step in ("Eq. 34 → 35", "Eq. 14 ⇒"):
+        assert found[step]["W"] == [list(r) for r in theorem4.E2]
+        assert found[step]["h"] == list(theorem4.H2)
+    assert found["⇐ by reversing"]["W"] == [list(r) for r in theorem4.E3]
+    assert found["Eq. 14 ⇐"]["size"] == size(theorem4.E3)  # a tie with E₃: none is smaller
+    assert all(r["matrices"] > 0 for r in found.values())
+
+
+def test_b_ratio_scan_breaks_theorem_4_more_often_near_b_ratio_1():
+    scan = theorem4.b_ratio_scan(n_matrices=30, n_hidden=200, shape=(200, 16), seed=1)
+    bins = theorem4.binned(scan)
+    assert sum(b["matrices"] for b in bins) == 30
+    low = [r["larger_share"] for r in scan if r["B_ratio"] < 0.3]
+    high = [r["larger_share"] for r in scan if 0.6 < r["B_ratio"] <= 1]
+    assert low and high and max(high) > 0  # B_ratio ≤ 1, and yet a larger max |l*|
+    assert sum(high) / len(high) > sum(low) / len(low)
 
 
 # ───────────────────────────── CLI on run folders and fresh models ─────────────────────────────
+
+def tiny_model(tie, head="baseline", seed=0):
+    torch.manual_seed(seed)
+    return model.from_config(dict(size="tiny", head=head, tie=tie, vocab_size=VOCAB, seq_len=32))
+
 
 def write_run(run_dir, data_dir, tie, shift_per_step, steps=(0, 10)):
     """A run folder in train.py's format whose output embedding drifts by a common shift
@@ -221,6 +229,13 @@ def write_run(run_dir, data_dir, tie, shift_per_step, steps=(0, 10)):
 
 
 @pytest.fixture(scope="module")
+def markov_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("markov")
+    data.prepare_synthetic("markov", VOCAB, 120_000, out, seed=0, seq_len=64)
+    return out
+
+
+@pytest.fixture(scope="module")
 def runs(markov_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     return dict(untied=write_run(root / "untied", markov_dir, False, 0.5),
@@ -237,8 +252,19 @@ def test_cli_verify_on_a_run_and_its_json(runs, tmp_path, capsys):
     assert out["step"] == 10 and out["tokens"] == 256 and out["mu_norm"] > 0.4
     assert out["prop3_mean"] < 1e-12 * out["max_abs_logit"]
     assert out["prop3_loss_dev"] < 1e-12 * out["max_abs_logit"]
+    assert [r["step"] for r in out["theorem4_audit"]][:3] == ["Eq. 26", "Eq. 13, loose B₋", "Eq. 32"]
     printed = capsys.readouterr().out
     assert "Prop. 3 (ii): std(l*) = std(l)" in printed and "B_ratio" in printed
+    assert "Eq. 33 as printed" in printed
+
+
+def test_cli_verify_without_a_model_audits_searches_and_scans(capsys):
+    out = cli("verify", "--exhaustive", "--entries", 1, "--h_entries", 1, "--b_ratio_scan", 4)
+    assert "step" not in out and len(out["theorem4_audit"]) == 12
+    assert [r["size"] for r in out["exhaustive"]] == [2, 3, 3, 3, 5, 5]
+    assert sum(b["matrices"] for b in out["b_ratio_scan"]) == 4
+    printed = capsys.readouterr().out
+    assert "exhaustive search: V = 3, D = 2" in printed and "larger_share" in printed
 
 
 def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
@@ -256,58 +282,41 @@ def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
     assert (tmp_path / "hist.png").stat().st_size > 1000
 
 
+def test_cli_logits_reports_what_the_matmul_dtype_loses(runs):
+    """float32: rounding at float32's 2⁻²⁴ only; bfloat16 (8 significant bits): far more."""
+    f32 = cli("logits", "--run", runs["untied"], "--tokens", 128)
+    bf16 = cli("logits", "--run", runs["untied"], "--tokens", 128, "--dtype", "bfloat16")
+    assert f32["dtype"] == "float32" and bf16["dtype"] == "bfloat16"
+    assert f32["prec_err_cast"] == 0 and f32["prec_err_round"] < 1e-6
+    assert abs(f32["prec_ce_gap"]) < 1e-6
+    assert bf16["prec_err_cast"] > 1e-3 and bf16["prec_err_round"] > 1e-3
+    assert bf16["prec_ce_gap"] != 0
+
+
 def test_cli_on_a_fresh_model_gives_sane_numbers(tmp_path):
     V = 512
     logits = cli("logits", "--init", "tiny", "--vocab_size", V, "--tokens", 256, "--seq_len", 64)
     # near-Gaussian logits at init: log Z ≈ ln V + σ²/2 (E exp(l) = exp(σ²/2) for l ~ N(0, σ²))
     assert math.sqrt(logits["log2Z"]) == pytest.approx(math.log(V) + logits["logit_std"] ** 2 / 2, abs=0.05)
     assert abs(logits["logit_mean"]) < 0.05 and 0 < logits["B_ratio"]
-    out = cli("bottleneck", "--init", "tiny", "--vocab_size", V, "--tokens", 256, "--seq_len", 64,
+    out = cli("bottleneck", "--init", "tiny", "--vocab_size", V, "--seq_len", 64,
               "--json", tmp_path / "b.json")
     row, = out["steps"]
     D = model.SIZES["tiny"]["n_embd"]
+    assert out["tokens"] == row["tokens"] == 4 * D and out["trivially_one"] == []  # the default
     assert row["isotropic_energy"] == D / V
     assert 0.5 * D / V < row["retained_energy"] < 2 * D / V  # an untrained head is near-isotropic
     assert row["suppressed_norm"] == pytest.approx(1 - row["retained_norm"])
+    assert row["rank2D_energy"] < 0.99
     assert json.loads((tmp_path / "b.json").read_text()) == out
 
 
-def test_cli_bottleneck_and_signatures_follow_the_checkpoints(runs, tmp_path):
-    out = cli("bottleneck", "--run", runs["untied"], "--tokens", 256, "--plot", tmp_path / "b.png")
+def test_cli_bottleneck_follows_the_checkpoints_and_says_what_is_trivial(runs, tmp_path, capsys):
+    out = cli("bottleneck", "--run", runs["untied"], "--tokens", 64, "--plot", tmp_path / "b.png")
     assert [r["step"] for r in out["steps"]] == [0, 10]
-    sig = cli("signatures", "--run", runs["untied"], "--top_k", 32, "--sig_tokens", 50_000,
-              "--plot", tmp_path / "s.png")
-    assert [r["step"] for r in sig["steps"]] == [0, 10] and sig["top_k"] == 32
-    assert all(-1 <= r["out+1"] <= 1 and -1 <= r["in-3"] <= 1 for r in sig["steps"])
-    assert (tmp_path / "b.png").is_file() and (tmp_path / "s.png").is_file()
-
-
-def test_cli_tying(runs, capsys):
-    out = cli("tying", "--tied", runs["tied"], "--untied", runs["untied"], "--top_k", 48,
-              "--sig_tokens", 50_000, "--batch_size", 2)
-    assert out["tokens"] == 48
-    geometry = out["geometry"]
-    for pair in geometry.values():
-        assert -1 <= pair["identity"] <= 1 and -1 <= pair["lstsq"] <= 1 and 0 <= pair["knn_overlap"] <= 1
-    # model.py's init: the tied matrix starts as the untied output matrix's Xavier draw
-    assert geometry["tied vs untied output at init"]["identity"] == pytest.approx(1, abs=1e-12)
-    assert abs(geometry["tied vs untied input at init"]["identity"]) < 0.1  # independent draws
-    assert "Δtied vs Δuntied output since init" in geometry
-    shares = out["gradient_share"]
-    assert [(s["run"], s["step"]) for s in shares] == [("tied", 0), ("tied", 10), ("untied", 0), ("untied", 10)]
-    assert all(0 < s["share_norm"] < 1 for s in shares)
-    assert "share of the embedding gradient" in capsys.readouterr().out
-
-
-def test_cli_errors_are_one_sentence(runs, tmp_path):
-    with pytest.raises(SystemExit, match="no config.json"):
-        cli("verify", "--run", tmp_path)
-    with pytest.raises(SystemExit, match="--tied must name a run trained with --tie"):
-        cli("tying", "--tied", runs["untied"], "--untied", runs["tied"])
-    with pytest.raises(SystemExit, match="lower --tokens"):
-        cli("verify", "--run", runs["untied"], "--tokens", 10**6)
-    with pytest.raises(SystemExit):
-        cli("signatures", "--run", runs["untied"], "--offsets", 0)
+    assert out["trivially_one"] == ["rankD_energy", "rank2D_energy", "rank2D_cosine"]
+    assert "trivially 1 as N ≤ D" in capsys.readouterr().out
+    assert (tmp_path / "b.png").is_file()
 
 
 def test_cli_on_snapshots_written_by_train_py(markov_dir, tmp_path):
@@ -325,17 +334,70 @@ def test_cli_on_snapshots_written_by_train_py(markov_dir, tmp_path):
     assert verify["step"] == 2 and verify["lemma1_dev"] < 1e-12 * verify["max_abs_logit"]
 
 
-def test_cli_trivial_trains_one_vocabulary_end_to_end(tmp_path):
-    # data already there (as after an interrupted sweep) is reused: only train.py runs
-    data.prepare_synthetic("repeat", 8, 2000, tmp_path / "repeat_V8_T16_N2000", seq_len=16)
-    out = cli("trivial", "--out", tmp_path, "--vocabs", 8, "--steps", 1, "--seqs_per_token", 1,
-              "--batch_size", 2, "--seq_len", 16, "--trivial_tokens", 2000,
-              "--plot", tmp_path / "t.png", "--train_args", "--lr", "1e-3")
-    row, = out["runs"]
-    assert row["vocab"] == 8 and row["steps"] == 4  # max(--steps, ⌈1·8/2⌉)
-    assert row["seqs_per_token"] == 1 and row["chance"] == pytest.approx(math.log(8))
-    assert row["floor"] == pytest.approx(math.log(8) / 16)
-    assert math.isfinite(row["val_loss"]) and not row["diverged"]
-    config = json.loads((tmp_path / "tiny_baseline_tie0_V8_steps4" / "config.json").read_text())
-    assert config["vocab_size"] == 8 and config["lr"] == 1e-3  # --train_args reach train.py
-    assert (tmp_path / "t.png").stat().st_size > 1000
+# ───────────────────────────── bad input: one sentence each ─────────────────────────────
+
+def one_sentence(excinfo):
+    message = str(excinfo.value)
+    assert "\n" not in message and "Traceback" not in message and "weights_only" not in message
+    return message
+
+
+def test_cli_errors_are_one_sentence(runs, tmp_path):
+    with pytest.raises(SystemExit, match="no config.json"):
+        cli("verify", "--run", tmp_path)
+    with pytest.raises(SystemExit, match="lower --tokens"):
+        cli("verify", "--run", runs["untied"], "--tokens", 10**6)
+
+
+def test_json_into_a_directory_or_onto_a_full_disk(runs, tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="is a directory; give a file name") as excinfo:
+        cli("verify", "--json", tmp_path)
+    one_sentence(excinfo)
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(SystemExit, match="the disk is full") as excinfo:
+        cli("verify", "--json", tmp_path / "out" / "v.json")
+    one_sentence(excinfo)
+    assert list((tmp_path / "out").iterdir()) == []  # no temporary file left behind
+
+
+class RunsCode:
+    """Unpickling this runs a shell command that creates `marker`."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("crafted", [False, True], ids=["corrupt", "crafted"])
+def test_corrupt_or_crafted_checkpoint(tmp_path, crafted):
+    run, marker = tmp_path / "run", tmp_path / "code_ran"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    payload = pickle.dumps({"model": RunsCode(marker), "step": 1, "config": {}}, protocol=2)
+    (run / "ckpt.pt").write_bytes(payload if crafted else b"not a checkpoint at all")
+    with pytest.raises(SystemExit, match="cannot be read as a checkpoint") as excinfo:
+        cli("logits", "--run", run)
+    one_sentence(excinfo)
+    assert not marker.exists()
+    if crafted:
+        pickle.loads(payload)  # what loading it without weights_only would have done
+        assert marker.exists()
+
+
+def test_checkpoint_without_config_or_with_weights_of_another_shape(runs, tmp_path):
+    ckpt = torch.load(runs["untied"] / "ckpt.pt", weights_only=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    torch.save(dict(ckpt, config=None), run / "ckpt.pt")
+    with pytest.raises(SystemExit, match="has no run settings") as excinfo:
+        cli("verify", "--run", run)
+    one_sentence(excinfo)
+    torch.save(dict(ckpt, config=dict(ckpt["config"], vocab_size=2 * VOCAB)), run / "ckpt.pt")
+    with pytest.raises(SystemExit, match="weights that do not fit .*size mismatch") as excinfo:
+        cli("verify", "--run", run)
+    one_sentence(excinfo)
