@@ -382,7 +382,8 @@ def verify_theorem4(args) -> dict:
     out = dict(theorem4_audit=audit)
     if args.exhaustive:
         found = theorem4.exhaustive_search(args.entries, args.h_entries)
-        print_table([list(r.values()) for r in found], list(found[0]),
+        print_table([["—" if v is None else v for v in r.values()] for r in found],
+                    list(found[0]),
                     f"exhaustive search: V = 3, D = 2, W's entries in ±{args.entries}, h's in "
                     f"±{args.h_entries}; matrices = how many break the claim, W/h = the "
                     "smallest (size Σ|Wᵢⱼ|)")
@@ -393,8 +394,8 @@ def verify_theorem4(args) -> dict:
         print_table([list(r.values()) for r in scan], list(scan[0]),
                     f"B_ratio scan: {args.b_ratio_scan} random anisotropic {V}×{D} matrices "
                     f"(generator: theorem4.b_ratio_scan), {theorem4.SCAN_HIDDEN} random h each; "
-                    "larger_share = share of h with max|l*| > max|l| (Theorem 4: 0 below "
-                    "B_ratio 1, 1 above)")
+                    "larger_share = share of h with max|l*| > max|l| (Theorem 4 says 0 for "
+                    "B_ratio ≤ 1, 1 above)")
         out["b_ratio_scan"] = scan
     return out
 
