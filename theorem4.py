@@ -60,7 +60,7 @@ def exact_terms(E, h=None) -> dict:
                norm_sq=max(dot(row, row) for row in e), norm_sq_star=max(norm_sq_star),
                eq32_split=max(parallel_sq) + max(n - p for n, p in zip(norm_sq_star, parallel_sq)),
                eq33_parallel=max(parallel_sq) - max(d * d / mu_sq for d in dots),
-               logit_mu=max(map(abs, dots)), logit_mu_star=max(map(abs, dots_star)))
+               logit_mu=max(map(abs, dots)), logit_mu_star=max(map(abs, dots_star)))  # h = μ
     if h is not None:
         out.update(logit=max(abs(dot(row, h)) for row in e),
                    logit_star=max(abs(dot(row, h)) for row in star))
@@ -124,7 +124,6 @@ def theorem4_audit() -> list[dict]:
     e0, e1, e2, e3 = exact_terms(E0), exact_terms(E1), exact_terms(E2, H2), exact_terms(E3, H3)
     loose = max(1, e1["b_plus"]) / max(1 - e1["mu_sq"], e1["b_plus"] + e1["mu_sq"])
     eq33_printed = e1["logit_mu_star"] / exact_sqrt(e1["mu_sq"]) - e1["logit_mu"]
-    e3_at_mu = exact_terms(E3, (Fraction(-1, 3), 0))
     rows = [  # (step, example, claim, lhs, relation, rhs)
         ("Eq. 26", "E₁", "Eq. 13 = max|e*·μ| / max|e·μ|", e1["eq13"], "=", e1["eq26"]),
         ("Eq. 13, loose B₋", "E₁, B₋ = 1", "Eq. 13 = max|e*·μ| / max|e·μ|", loose, "=", e1["eq26"]),
@@ -146,7 +145,7 @@ def theorem4_audit() -> list[dict]:
         ("⇐ by reversing", f"E₃, max‖e*‖² = {e3['norm_sq_star']} ≤ {e3['norm_sq']}",
          "B_ratio ≤ 1", e3["eq26"], "≤", 1),
         ("(i) at h = μ", f"E₃, B_ratio = {e3['eq26']} > 1", "max|l*| > max|l|",
-         e3_at_mu["logit_star"], ">", e3_at_mu["logit"]),
+         e3["logit_mu_star"], ">", e3["logit_mu"]),
     ]
     holds = {"=": lambda a, b: a == b, "≤": lambda a, b: a <= b, ">": lambda a, b: a > b}
     return [dict(step=step, example=example, claim=claim, lhs=str(lhs), rhs=str(rhs),
