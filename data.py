@@ -122,7 +122,6 @@ def read_shard(path):
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
-# ----------------------------------------------------------------------------- dataset folder
 def shard_paths(data_dir, split):
     """Sorted shards `DIR/*{split}*.bin` of a folder that passes `verify_folder`.
 
@@ -134,115 +133,6 @@ def shard_paths(data_dir, split):
     if not paths:
         raise FileNotFoundError(f"no {split} shards (*{split}*.bin) in {data_dir}; prepare them "
                                 f"with {PREPARE_HINT.format(dir=data_dir)}")
-    return paths
-
-
-def verify_folder(folder, hash_bytes=0):
-    """The folder's files {name: (bytes, sha256 or None)}, after checking it is one dataset.
-
-    With a manifest: every shard in the folder is named in it, and every file it names is
-    there with its size and, when the whole dataset is at most hash_bytes, its sha256.
-    Without a manifest (shards written by another tool), the shards are accepted as they
-    are and only their sizes are known. ValueError with one sentence when the folder is
-    half-written or mixed."""
-    folder = Path(folder)
-    if (folder / INCOMPLETE).exists():
-        raise ValueError(f"{folder} was left half-written by an interrupted data.py (it still "
-                         f"holds {INCOMPLETE}); run the data.py command that made it again")
-    shards = _shard_files(folder)
-    manifest = read_manifest(folder)
-    if manifest is None:
-        return {p.name: (p.stat().st_size, None) for p in shards}
-    files = manifest["files"]
-    for path in shards:
-        if path.name not in files:
-            raise ValueError(f"{path} is not named in {folder / MANIFEST}, so the folder mixes "
-                             f"datasets; remove it or prepare the data again")
-    hash_all = sum(entry["bytes"] for entry in files.values()) <= hash_bytes
-    for name, entry in files.items():
-        path = folder / name
-        size = path.stat().st_size if path.is_file() else None
-        if size != entry["bytes"]:
-            found = "is missing" if size is None else f"has {size} bytes"
-            raise ValueError(f"{path} {found}, but the manifest records {entry['bytes']} bytes, "
-                             f"so the folder mixes datasets; prepare the data again")
-        if hash_all and sha256_file(path) != entry["sha256"]:
-            raise ValueError(f"{path} differs from the file the manifest records (sha256 "
-                             f"mismatch), so the folder mixes datasets; prepare the data again")
-    return {name: (entry["bytes"], entry["sha256"]) for name, entry in files.items()}
-
-
-def check_dataset(folder, full_hash=False):
-    """Verify the folder as one dataset with train and val shards and return its fingerprint.
-
-    Sizes are always checked; hashes when full_hash is set or the dataset is at most
-    HASH_ALWAYS_BYTES: hashing FineWeb's 200 MB shards at every start would take minutes,
-    so large datasets are hashed on request (`python data.py check DIR`). The fingerprint is the sha256 of its files' names, sizes and hashes (sizes only for a
-    folder without a manifest): the same for the same content wherever it lives, different
-    when any file differs or a shard is added, so --resume can compare datasets, not paths."""
-    shard_paths(folder, "train"), shard_paths(folder, "val")
-    files = verify_folder(folder, math.inf if full_hash else HASH_ALWAYS_BYTES)
-    listing = json.dumps(sorted((name, size, digest) for name, (size, digest) in files.items()))
-    return hashlib.sha256(listing.encode()).hexdigest()
-
-
-def read_manifest(folder):
-    """The folder's manifest {"files": {name: {"bytes", "sha256"}}, "source": …}, or None."""
-    path = Path(folder) / MANIFEST
-    if not path.exists():
-        return None
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        if not all(isinstance(e["bytes"], int) and isinstance(e["sha256"], str)
-                   for e in manifest["files"].values()):
-            raise ValueError("an entry lacks bytes or sha256")
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"{path} is not a data.py manifest ({err}); delete the folder and "
-                         f"prepare the data again") from None
-    return manifest
-
-
-def write_manifest(folder, source, names=None, known=None):
-    """Record the files `names` of the dataset in folder (default: its shards, and the files
-    the old manifest names that are still there) with their sizes and hashes.
-
-    Files of the old manifest whose size still matches, and `known` ones ({name: entry}),
-    are not hashed again, so recording one more FineWeb shard costs one hash."""
-    folder = Path(folder)
-    old = (read_manifest(folder) or {}).get("files", {})
-    if names is None:
-        names = {p.name for p in _shard_files(folder)} | {n for n in old if (folder / n).is_file()}
-    entries = {n: e for n, e in old.items()
-               if (folder / n).is_file() and (folder / n).stat().st_size == e["bytes"]}
-    entries.update(known or {})
-    files = {name: entries.get(name) or file_entry(folder / name) for name in sorted(names)}
-    write_atomic(folder / MANIFEST, json.dumps({"files": files, "source": source}, indent=1))
-
-
-def file_entry(path):
-    """A manifest entry: the file's size and sha256."""
-    return {"bytes": Path(path).stat().st_size, "sha256": sha256_file(path)}
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _shard_files(folder):
-    """What the loader reads: `*train*.bin` and `*val*.bin`; each must be a file."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{folder} is a file, not a folder of shards; pass the folder that "
-                         f"holds the *train*.bin and *val*.bin shards")
-    paths = sorted(set(folder.glob("*train*.bin")) | set(folder.glob("*val*.bin")))
-    for path in paths:
-        if not path.is_file():
-            raise ValueError(f"{path} is named like a shard but is not a file; "
-                             f"rename or remove it")
     return paths
 
 
@@ -336,6 +226,117 @@ def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, split="train"
     print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} "
           f"from {data_dir} {split})")
     return rate
+
+
+# ----------------------------------------------------------------------------- dataset folder
+def verify_folder(folder, hash_bytes=0):
+    """The folder's files {name: (bytes, sha256 or None)}, after checking it is one dataset.
+
+    With a manifest: every shard in the folder is named in it, and every file it names is
+    there with its size and, when the whole dataset is at most hash_bytes, its sha256.
+    Without a manifest (shards written by another tool), the shards are accepted as they
+    are and only their sizes are known. ValueError with one sentence when the folder is
+    half-written or mixed."""
+    folder = Path(folder)
+    if (folder / INCOMPLETE).exists():
+        raise ValueError(f"{folder} was left half-written by an interrupted data.py (it still "
+                         f"holds {INCOMPLETE}); run the data.py command that made it again")
+    shards = _shard_files(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return {p.name: (p.stat().st_size, None) for p in shards}
+    files = manifest["files"]
+    for path in shards:
+        if path.name not in files:
+            raise ValueError(f"{path} is not named in {folder / MANIFEST}, so the folder mixes "
+                             f"datasets; remove it or prepare the data again")
+    hash_all = sum(entry["bytes"] for entry in files.values()) <= hash_bytes
+    for name, entry in files.items():
+        path = folder / name
+        size = path.stat().st_size if path.is_file() else None
+        if size != entry["bytes"]:
+            found = "is missing" if size is None else f"has {size} bytes"
+            raise ValueError(f"{path} {found}, but the manifest records {entry['bytes']} bytes, "
+                             f"so the folder mixes datasets; prepare the data again")
+        if hash_all and sha256_file(path) != entry["sha256"]:
+            raise ValueError(f"{path} differs from the file the manifest records (sha256 "
+                             f"mismatch), so the folder mixes datasets; prepare the data again")
+    return {name: (entry["bytes"], entry["sha256"]) for name, entry in files.items()}
+
+
+def check_dataset(folder, full_hash=False):
+    """Verify the folder as one dataset with train and val shards and return its fingerprint.
+
+    Sizes are always checked; hashes when full_hash is set or the dataset is at most
+    HASH_ALWAYS_BYTES: hashing FineWeb's 200 MB shards at every start would take minutes,
+    so large datasets are hashed on request (`python data.py check DIR`). The fingerprint
+    is the sha256 of the files' names, sizes and hashes (sizes only for a folder without a
+    manifest): the same for the same content wherever it lives, different when any file
+    differs or a shard is added, so --resume can compare datasets, not paths."""
+    shard_paths(folder, "train"), shard_paths(folder, "val")
+    files = verify_folder(folder, math.inf if full_hash else HASH_ALWAYS_BYTES)
+    listing = json.dumps(sorted((name, size, digest) for name, (size, digest) in files.items()))
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def read_manifest(folder):
+    """The folder's manifest {"files": {name: {"bytes", "sha256"}}, "source": …}, or None."""
+    path = Path(folder) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not all(isinstance(e["bytes"], int) and isinstance(e["sha256"], str)
+                   for e in manifest["files"].values()):
+            raise ValueError("an entry lacks bytes or sha256")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path} is not a data.py manifest ({err}); delete the folder and "
+                         f"prepare the data again") from None
+    return manifest
+
+
+def write_manifest(folder, source, names=None, known=None):
+    """Record the files `names` of the dataset in folder (default: its shards, and the files
+    the old manifest names that are still there) with their sizes and hashes.
+
+    Files of the old manifest whose size still matches, and `known` ones ({name: entry}),
+    are not hashed again, so recording one more FineWeb shard costs one hash."""
+    folder = Path(folder)
+    old = (read_manifest(folder) or {}).get("files", {})
+    if names is None:
+        names = {p.name for p in _shard_files(folder)} | {n for n in old if (folder / n).is_file()}
+    entries = {n: e for n, e in old.items()
+               if (folder / n).is_file() and (folder / n).stat().st_size == e["bytes"]}
+    entries.update(known or {})
+    files = {name: entries.get(name) or file_entry(folder / name) for name in sorted(names)}
+    write_atomic(folder / MANIFEST, json.dumps({"files": files, "source": source}, indent=1))
+
+
+def file_entry(path):
+    """A manifest entry: the file's size and sha256."""
+    return {"bytes": Path(path).stat().st_size, "sha256": sha256_file(path)}
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _shard_files(folder):
+    """What the loader reads: `*train*.bin` and `*val*.bin`; each must be a file."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a folder of shards; pass the folder that "
+                         f"holds the *train*.bin and *val*.bin shards")
+    paths = sorted(set(folder.glob("*train*.bin")) | set(folder.glob("*val*.bin")))
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"{path} is named like a shard but is not a file; "
+                             f"rename or remove it")
+    return paths
 
 
 # ----------------------------------------------------------------------------- safe writes
