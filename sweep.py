@@ -1,5 +1,6 @@
 """
-sweep.py — the paper's experiments as sweeps of train.py runs, and what they are turned into.
+sweep.py — the paper's experiments as sweeps of train.py runs, and the command line that turns
+their results into the paper's tables and figures (report.py).
 
     python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100  # one at a time
     python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3              # four at once
@@ -10,34 +11,27 @@ sweep.py — the paper's experiments as sweeps of train.py runs, and what they a
 
 Grids (Sec. 3–5 of the paper): `paper` = 7 learning rates × 5 sizes × tied/untied × 5 heads
 (λ = 1e-4 for z_loss and mu_loss, c = 30 for soft_cap); `lambda` = λ ∈ {1e-7, 1e-4, 1e-1, 1e2}
-× {z_loss, mu_loss} × 7 learning rates × 5 sizes, untied; `custom` = what --sizes, --lrs and
---heads say. Any axis flag narrows or replaces a grid's axis, and every option sweep.py does not
-know is passed on to train.py unchanged, so a short proxy sweep is one command.
+× {z_loss, mu_loss} × 7 learning rates × 5 sizes, untied; `proxy` = the CPU proxy below;
+`custom` = what --sizes, --lrs and --heads say. Any axis flag narrows or replaces a grid's axis,
+and every option sweep.py does not know is passed on to train.py unchanged, so a short proxy
+sweep is one command.
 
-Each point is one train.py run folder, OUT/{size}_{head}_lr{lr:g}_tie{0|1}[_lam{λ:g}][_cap{c:g}].
-A run is finished when its summary.json exists (a diverged run too); re-running the same command
-skips finished runs and retries the others, with --resume where a ckpt.pt survived.
+Each point is one train.py run folder, OUT/{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}]
+[_{dtype}][_seed{n}], its numbers as short as `:g` writes them (0.001, 1e-07) and longer only
+where that would not give the value back, so two values never share a folder. A run is finished
+when its summary.json exists (a diverged run too) and its config.json records the settings
+asked: the grid's and the options passed on to train.py. Re-running the same command skips
+finished runs and retries the others, with --resume where a ckpt.pt survived. A command whose
+folders hold runs of other settings (other --steps, say) is refused before anything starts, so
+stale results are never reported as its own; give it another --out.
 
-Learning-rate sensitivity (Wortsman et al. 2023; the paper's Eq. 22), for one size, tying and
-head over the learning rates η of the sweep:
-
-    LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
-
-L(η) is the final test loss, L₀ the loss at initialisation (≈ ln V); a diverged run counts as
-L₀.
-Eq. 22 writes a mean over all n_η learning rates, but the published tables divide by n_η − 1,
-i.e. they average over the learning rates other than the best one; that is the default here so our
-numbers compare with the paper's, and `--lrs_mean literal` gives Eq. 22 as written (n_η−1)/n_η
-times as large. Additional training time = a variant's mean train time / the baseline's − 1.
-
-sweep.py imports nothing of this project: it talks to train.py through its command line and its
-run folders only.
+sweep.py talks to train.py through its command line and run folders only; it writes files with
+data.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
 """
 import argparse
 import csv
 import io
 import json
-import math
 import os
 import shlex
 import shutil
@@ -45,21 +39,20 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from itertools import product
 from pathlib import Path
 
+import data
+import report
+from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
+
 # -----------------------------------------------------------------------------
-# defaults: the paper's grids (Eq. 19–21, 23) and constants
+# the paper's grids (Eq. 19–21, 23) and the CPU proxy
 
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
-PAPER_SIZES = ("16M", "29M", "57M", "109M", "221M")
-HEADS = ("baseline", "soft_cap", "z_loss", "mu_loss", "mu_center")
-LAMBDA_HEADS = ("z_loss", "mu_loss")  # the heads with a regularisation weight λ
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
-DEFAULT_LAM = 1e-4  # the paper's λ for z_loss and mu_loss outside Sec. 5
-DEFAULT_CAP = 30.0  # the paper's soft-cap c
 # The CPU proxy of the paper's result (README, "What you should see"): the tiny model on real
 # text, the paper's learning rates extended upward (a short run needs a larger η for μ to grow
 # as it does over the paper's 100,000 steps), float32 against bf16 matmuls, untied for every
@@ -83,34 +76,29 @@ GRIDS = {
     "custom": dict(GRID_DEFAULTS, sizes=None, lrs=None, heads=None, ties=(False,), lams=(None,),
                    caps=(None,)),
 }
-# The loss at initialisation where a CSV has no init_loss (the published runs): the reference
-# README's values, ≈ ln 50304 = 10.83 (the 221M model starts slightly higher).
-L0_BY_SIZE = {"16M": 10.83, "29M": 10.83, "57M": 10.83, "109M": 10.83, "221M": 10.85}
-SIZE_ORDER = ("tiny", "small") + PAPER_SIZES  # presets first, then the paper's sizes by N
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
 # train.py options that the grid sets per run and the user therefore must not pass through
 GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap", "--dtype",
                 "--seed", "--out_dir", "--resume")
+# train.py settings that say when a run logs, saves or stops, not what it computes: a finished
+# run with other values of these still counts as finished
+SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")
 RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
                   "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
                   "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "steps",
                   "tokens", "train_time_s", "run")
-TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
-METRICS = (("logit_mean", "logit mean  l̄"), ("logit_std", "logit std  σ_l"),
-           ("mu_norm", "‖μ‖"), ("logit_absmax", "max |l|"))  # Fig. 3, in the paper's order
-# what the matmul's dtype costs the LM head (heads.precision_stat_sums); drawn where a CSV has it
-PRECISION_METRICS = (("prec_err_cast", "input rounding / σ_l"),
-                     ("prec_err_round", "result rounding / σ_l"), ("prec_ce_gap", "CE gap (nats)"))
-HEAD_COLORS = {"baseline": "tab:gray", "soft_cap": "tab:orange", "z_loss": "tab:red",
-               "mu_loss": "tab:blue", "mu_center": "tab:green"}
-SOLID = dict(ls="-", marker="o", ms=4)  # our runs
-DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with --reference
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 
 
-# -----------------------------------------------------------------------------
-# the grid: one Run per point
+def short(x):
+    """x with the fewest significant digits (6 or more, as :g) that give x back exactly."""
+    for digits in range(6, 18):
+        text = f"{x:.{digits}g}"
+        if float(text) == x:
+            return text
+    return repr(x)  # NaN
+
 
 @dataclass(frozen=True)
 class Run:
@@ -126,12 +114,12 @@ class Run:
     @property
     def name(self):
         """The run folder's name:
-        {size}_{head}_lr{lr:g}_tie{0|1}[_lam{λ:g}][_cap{c:g}][_{dtype}][_seed{n}]."""
-        name = f"{self.size}_{self.head}_lr{self.lr:g}_tie{int(self.tie)}"
+        {size}_{head}_lr{lr}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
+        name = f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}"
         if self.lam is not None:
-            name += f"_lam{self.lam:g}"
+            name += f"_lam{short(self.lam)}"
         if self.cap is not None:
-            name += f"_cap{self.cap:g}"
+            name += f"_cap{short(self.cap)}"
         if self.dtype is not None:
             name += f"_{self.dtype}"
         if self.seed is not None:
@@ -139,7 +127,7 @@ class Run:
         return name
 
     def train_args(self):
-        """train.py's options for this point; numbers in full (repr), unlike the short name."""
+        """train.py's options for this point; numbers in full (repr)."""
         args = ["--size", self.size, "--head", self.head, "--lr", repr(self.lr)]
         args += ["--tie"] if self.tie else []
         args += ["--lam", repr(self.lam)] if self.lam is not None else []
@@ -147,6 +135,11 @@ class Run:
         args += ["--dtype", self.dtype] if self.dtype is not None else []
         args += ["--seed", str(self.seed)] if self.seed is not None else []
         return args
+
+    def settings(self):
+        """What this point asks of train.py, by config.json's names (None: train.py's default)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
 
 
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
@@ -163,13 +156,7 @@ def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, ca
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
                  dtypes=dtypes, seeds=seeds)
     axes.update({axis: tuple(values) for axis, values in given.items() if values})
-    missing = [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]
-    if missing:
-        raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
-                         f"--lrs 1e-3 3e-3 --heads baseline mu_center)")
-    unknown = [head for head in axes["heads"] if head not in HEADS]
-    if unknown:
-        raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
+    check_axes(grid, axes)
     runs = []
     tied_heads = axes["tied_heads"] or axes["heads"]
     for size, head, tie, dtype, seed, lr in product(axes["sizes"], axes["heads"], axes["ties"],
@@ -182,12 +169,125 @@ def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, ca
     return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
 
 
+def check_axes(grid, axes):
+    """Refuse a grid with a missing axis, an unknown head or any bad value, naming every bad
+    value at once, so that no run of a partly wrong grid starts."""
+    missing = [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]
+    if missing:
+        raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
+                         f"--lrs 1e-3 3e-3 --heads baseline mu_center)")
+    unknown = [head for head in axes["heads"] if head not in HEADS]
+    if unknown:
+        raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
+    problems = []
+    for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
+        bad = [value for value in axes[axis] if value is not None
+               and report.breaks_rule(setting, value)]
+        if bad:
+            problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be "
+                            f"{report.RULES[setting][0]})")
+    bad_seeds = [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]
+    if bad_seeds:
+        problems.append(f"--seeds {' '.join(map(str, bad_seeds))} (each must be an integer "
+                        f"from 0 to 2^64 − 1)")
+    if problems:
+        raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
+
+
 # -----------------------------------------------------------------------------
-# launching: locally (one or several at a time) or as a SLURM job array
+# run folders: which are finished, and do they hold what was asked
 
 def is_finished(run_dir):
     return (Path(run_dir) / "summary.json").exists()
 
+
+def passed_settings(train_args):
+    """Options passed on to train.py as {config.json name: value}: a bare --flag is True and
+    --no-flag is flag False; as in argparse the last of a repeated option wins."""
+    settings = {}
+    for i, arg in enumerate(train_args):
+        if not arg.startswith("--"):
+            continue  # the value of the option before it
+        option, has_value, value = arg[2:].partition("=")
+        if not has_value:
+            following = train_args[i + 1] if i + 1 < len(train_args) else "--"
+            value = True if following.startswith("--") else following
+        if value is True and option.startswith("no-"):
+            option, value = option[3:], False
+        settings[option.replace("-", "_")] = value
+    return settings
+
+
+def same_setting(name, asked, recorded):
+    """Whether config.json's value is the one asked (asked may be the command line's text)."""
+    if isinstance(asked, bool) or isinstance(recorded, bool) or recorded is None:
+        return asked == recorded
+    if isinstance(recorded, (int, float)):
+        try:
+            return _number(asked) == recorded
+        except ValueError:
+            return False
+    if name == "data":  # a path: the same folder however it is written
+        return os.path.realpath(asked) == os.path.realpath(recorded)
+    return str(asked) == str(recorded)
+
+
+def _number(value):
+    if isinstance(value, (int, float)):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        return float(value)
+
+
+def differences(run_dir, asked):
+    """The settings asked that the run folder records otherwise, in words ([] if none); a
+    folder with summary.json but no config.json was not written by train.py."""
+    config_path = Path(run_dir) / "config.json"
+    if not config_path.exists():
+        return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
+    try:
+        config = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return ["a config.json that is not JSON"]
+    return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
+            if name in config and not same_setting(name, value, config[name])]
+
+
+def check_run_folders(runs, out, train_args):
+    """Refuse, before anything starts, folders of the grid that hold a run of other settings
+    (its config.json against the grid's settings and the options passed on to train.py, except
+    the scheduling ones and "auto" values that train.py resolves)."""
+    passed = {name: value for name, value in passed_settings(train_args).items()
+              if name not in SCHEDULING and value != "auto"}
+    stale = {}
+    for run in runs:
+        found = differences(Path(out) / run.name, {**run.settings(), **passed})
+        if found:
+            stale[run.name] = found
+    if stale:
+        name, found = next(iter(stale.items()))
+        raise ValueError(f"{len(stale)} run folder(s) in {out} hold runs of other settings than "
+                         f"asked (e.g. {name}: {'; '.join(found)}), so they cannot count as "
+                         f"finished; give another --out for these settings, or move those "
+                         f"folders away to redo them")
+
+
+def check_out(out):
+    """Refuse an --out that is a file, lies under one or cannot be written; creates nothing."""
+    out = Path(out)
+    existing = next(path for path in (out, *out.parents) if path.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == out else f"lies under the file {existing}"
+        raise ValueError(f"--out {out} {where}; give a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out} cannot be written ({existing} is read-only); give "
+                         f"another --out")
+
+
+# -----------------------------------------------------------------------------
+# launching: locally (one or several at a time) or as a SLURM job array
 
 def train_command(run, out, extra_args, nproc_per_node=1):
     """The command line of one local run; --resume where an earlier attempt left a checkpoint."""
@@ -228,6 +328,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
     log_dir = Path(out) / "logs"
     if len(slots) > 1:
         log_dir.mkdir(parents=True, exist_ok=True)
+    on_sigint = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         while pending or running:
@@ -266,7 +367,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                           f"{len(pending)} runs were not started", flush=True)
                     failed += [run.name for run in pending]
                     pending.clear()
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM, a closed stdout: stop the runs in flight
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
         for proc, (_, _, log, _) in running.items():
             proc.terminate()
             proc.wait()
@@ -275,6 +377,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, on_sigint)
     return failed
 
 
@@ -323,7 +426,7 @@ def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     run_list = slurm_dir / f"runs_{stamp}.txt"
     lines = [shlex.join([str(out / run.name), *run.train_args(), *extra_args]) for run in runs]
-    write_atomic(run_list, "".join(line + "\n" for line in lines))
+    data.write_atomic(run_list, "".join(line + "\n" for line in lines))
     array = f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else "")
     script = SBATCH_TEMPLATE.format(
         array=array, nodes=nodes, nproc=nproc_per_node, log_dir=slurm_dir / "logs",
@@ -331,7 +434,7 @@ def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options
         extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
         run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY)))
     script_path = slurm_dir / f"sweep_{stamp}.sbatch"
-    write_atomic(script_path, script)
+    data.write_atomic(script_path, script)
     return script_path
 
 
@@ -357,6 +460,8 @@ def cmd_run(args, extra_args):
     runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps,
                        args.dtypes, args.seeds)
     extra_args = [*GRIDS[args.grid]["train_args"], *extra_args]  # the user's options win
+    check_out(args.out)
+    check_run_folders(runs, args.out, extra_args)
     todo = [run for run in runs if not is_finished(Path(args.out) / run.name)]
     print(f"sweep: {len(runs)} runs in the grid, {len(runs) - len(todo)} finished, "
           f"{len(todo)} to do", flush=True)
@@ -377,7 +482,7 @@ def cmd_run(args, extra_args):
         return 0
     if not TRAIN_PY.exists():
         raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    data.make_folder(args.out)
     try:
         failed = launch_local(todo, args.out, extra_args,
                               gpu_slots(args.gpus, args.nproc_per_node, args.jobs),
@@ -396,23 +501,9 @@ def cmd_run(args, extra_args):
 # -----------------------------------------------------------------------------
 # collect: run folders -> results.csv
 
-def write_atomic(path, text):
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _cell(value):
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f"{value!r}" if isinstance(value, float) else str(value)
-
-
 def result_row(summary_path, root):
-    """One results.csv row from a run's summary.json (train.py's names, see DESIGN.md)."""
+    """One results.csv row from a run's summary.json (train.py's names; settings it lacks are
+    taken from the run's config.json)."""
     summary = json.loads(Path(summary_path).read_text())
     needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
     missing = [key for key in needed if key not in summary]
@@ -425,7 +516,7 @@ def result_row(summary_path, root):
     row["test_loss"] = summary["val_loss"]  # the paper's "test loss" is our validation split
     row["mean_log2Z"] = summary.get("log2Z")  # named as in the published table
     row["run"] = str(Path(summary_path).parent.relative_to(root))
-    return {column: _cell(value) for column, value in row.items()}
+    return {column: report.csv_cell(value) for column, value in row.items()}
 
 
 def collect(run_root, out_csv=None):
@@ -440,416 +531,44 @@ def collect(run_root, out_csv=None):
     writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(result_row(path, run_root) for path in summaries)
-    write_atomic(out_csv, buffer.getvalue())
+    data.write_atomic(out_csv, buffer.getvalue())
     return out_csv
 
 
 # -----------------------------------------------------------------------------
-# results: read a CSV and reduce it per (tying, head, λ, c, size) over the learning rates
+# table, plot, curves: report.py's text and figures, written atomically
 
-def _number(text, empty=math.nan):
-    """A CSV cell as a float; an empty cell (or a missing column) gives `empty`."""
-    return float(text) if text not in ("", None) else empty
-
-
-def boolean(text):
-    value = str(text).strip().lower()
-    if value not in ("true", "false", "1", "0"):
-        raise ValueError(f"expected true or false, got {text!r}")
-    return value in ("true", "1")
-
-
-def read_results(path, l0=None, columns=TABLE_COLUMNS):
-    """The rows of a results CSV (ours or the published one) with types and each run's L₀.
-
-    λ and c are filled in with the paper's defaults where a head uses them and the CSV leaves
-    them empty, and dropped where a head ignores them, so equal runs compare equal.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; make it with "
-                                f"`python sweep.py collect DIR`")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path} has no column {', '.join(missing)}; this needs "
-                             f"{', '.join(columns)} (as `sweep.py collect` writes them)")
-        rows = []
-        for line, raw in enumerate(reader, start=2):
-            try:
-                rows.append(_typed_row(raw, l0))
-            except ValueError as error:
-                raise ValueError(f"{path} line {line}: {error}") from None
-    if not rows:
-        raise ValueError(f"{path} holds no results; run the sweep and collect it first")
-    return label_settings(rows)
-
-
-def _typed_row(raw, l0):
-    row = dict(raw)
-    head = row["head"]
-    row.update(lr=float(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
-               train_time_s=_number(row["train_time_s"]),
-               diverged=boolean(row.get("diverged") or "false"))
-    lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
-    row["lam"] = (DEFAULT_LAM if lam is None else lam) if head in LAMBDA_HEADS else None
-    row["cap"] = (DEFAULT_CAP if cap is None else cap) if head == "soft_cap" else None
-    for name, _ in METRICS + PRECISION_METRICS:
-        row[name] = _number(row.get(name))
-    row["l0"] = _initial_loss(row, l0)
-    return row
-
-
-def label_settings(rows):
-    """The tables' and figures' columns are the model sizes. Where the runs differ in matmul
-    dtype or seed (the proxy grid), each dtype gets a column of its own ("tiny bfloat16"), and
-    so does every seed but the first ("tiny bfloat16 seed1")."""
-    dtypes = {row.get("dtype") or "" for row in rows}
-    seeds = sorted({int(row["seed"]) for row in rows if row.get("seed") not in (None, "")})
-    for row in rows:
-        if len(dtypes) > 1:
-            row["size"] += f" {row.get('dtype') or 'default'}"
-        if row.get("seed") not in (None, "") and int(row["seed"]) != seeds[0]:
-            row["size"] += f" seed{row['seed']}"
-    return rows
-
-
-def _initial_loss(row, l0):
-    """L₀: --l0 if given, else the run's own init_loss, else the paper's value for its size."""
-    if l0 is not None:
-        return l0
-    own = _number(row.get("init_loss"))
-    if math.isfinite(own):
-        return own
-    if row["size"] in L0_BY_SIZE:  # the published runs: sizes only
-        return L0_BY_SIZE[row["size"]]
-    raise ValueError(f"no loss at initialisation for size {row['size']!r} (no init_loss value); "
-                     f"pass --l0")
-
-
-def capped_loss(row):
-    """min(L(η), L₀), with a diverged or non-finite run counted as L₀ (Eq. 22)."""
-    loss = row["test_loss"]
-    if row["diverged"] or not math.isfinite(loss):
-        return row["l0"]
-    return min(loss, row["l0"])
-
-
-def lr_sensitivity(losses, mean="published"):
-    """LRS = Σ_η [L̃(η) − min_η L̃] / (n_η − 1) ('published') or / n_η ('literal', Eq. 22),
-    over the capped losses L̃(η) = min(L(η), L₀) of one size, tying and variant.
-    """
-    n = len(losses)
-    divisor = {"published": n - 1, "literal": n}[mean]
-    excess = sum(loss - min(losses) for loss in losses)
-    return excess / divisor if divisor else math.nan
-
-
-@dataclass
-class Cell:
-    """One size × variant of a table: its runs reduced over the learning rates."""
-    tie: bool
-    head: str
-    lam: float | None
-    cap: float | None
-    size: str
-    lrs: list
-    losses: list  # min(L(η), L₀) in the order of lrs
-    rows: list
-    optimal_loss: float
-    best_lr: float
-    lrs_value: float
-    train_time_s: float  # mean over the runs that did not diverge
-
-    @property
-    def variant(self):
-        return (self.head, self.lam, self.cap)
-
-
-def reduce_runs(rows, mean="published"):
-    """Group rows by (tie, head, λ, c, size) and reduce each group to a Cell."""
-    groups = {}
-    for row in rows:
-        key = (row["tie"], row["head"], row["lam"], row["cap"], row["size"])
-        group = groups.setdefault(key, {})
-        if row["lr"] in group:
-            raise ValueError(f"two results for {row['size']} {row['head']} lr={row['lr']:g} "
-                             f"tie={row['tie']} λ={row['lam']} c={row['cap']}; keep one run "
-                             f"per point")
-        group[row["lr"]] = row
-    cells = []
-    for (tie, head, lam, cap, size), by_lr in groups.items():
-        lrs = sorted(by_lr)
-        runs = [by_lr[lr] for lr in lrs]
-        losses = [capped_loss(row) for row in runs]
-        best = min(range(len(lrs)), key=losses.__getitem__)
-        times = [row["train_time_s"] for row in runs
-                 if not row["diverged"] and math.isfinite(row["train_time_s"])]
-        mean_time = sum(times) / len(times) if times else math.nan
-        cells.append(Cell(tie, head, lam, cap, size, lrs, losses, runs, losses[best], lrs[best],
-                          lr_sensitivity(losses, mean), mean_time))
-    return sorted(cells, key=lambda c: (c.tie, variant_order(c.variant), size_order(c.size)))
-
-
-def size_order(label):
-    """Sizes by N, then a size's dtype/seed columns (setting_label) in name order."""
-    size, _, rest = label.partition(" ")
-    return (SIZE_ORDER.index(size), rest) if size in SIZE_ORDER else (len(SIZE_ORDER), label)
-
-
-def variant_order(variant):
-    head, lam, cap = variant
-    return (HEADS.index(head) if head in HEADS else len(HEADS), head, lam or 0.0, cap or 0.0)
-
-
-def extra_time(cell, cells):
-    """Additional training time relative to the baseline of the same size and tying."""
-    base = [c for c in cells if c.head == "baseline" and c.size == cell.size and c.tie == cell.tie]
-    if not base or not base[0].train_time_s > 0:
-        return math.nan
-    return cell.train_time_s / base[0].train_time_s - 1.0
-
-
-def swept_lambda_heads(cells, tie):
-    """Heads run with more than one λ: they get their own Table 3 and Fig. 4."""
-    lams = {}
-    for cell in cells:
-        if cell.tie == tie and cell.lam is not None:
-            lams.setdefault(cell.head, set()).add(cell.lam)
-    return [head for head in LAMBDA_HEADS if len(lams.get(head, ())) > 1]
-
-
-def main_cells(cells, tie):
-    """The cells of Table 2 (untied) / 6 (tied): heads swept over λ show only λ = 1e-4 there."""
-    swept = swept_lambda_heads(cells, tie)
-    return [c for c in cells if c.tie == tie and (c.head not in swept or c.lam == DEFAULT_LAM)]
-
-
-def variant_label(variant, show_lam=False):
-    head, lam, cap = variant
-    if lam is not None and (show_lam or lam != DEFAULT_LAM):
-        return f"{head} λ={lam:g}"
-    if cap is not None and cap != DEFAULT_CAP:
-        return f"{head} c={cap:g}"
-    return head
-
-
-# -----------------------------------------------------------------------------
-# table: Markdown (the paper's layout) + CSV (one row per cell)
-
-def _markdown_table(cells, value, fmt, best=min, show_lam=False):
-    """Rows = sizes, columns = variants; the best value of each row in bold (best=None: none)."""
-    variants = sorted({c.variant for c in cells}, key=variant_order)
-    sizes = sorted({c.size for c in cells}, key=size_order)
-    at = {(c.size, c.variant): value(c) for c in cells}
-    labels = [variant_label(v, show_lam) for v in variants]
-    lines = ["| N | " + " | ".join(labels) + " |", "|---" * (len(variants) + 1) + "|"]
-    for size in sizes:
-        values = [at.get((size, v), math.nan) for v in variants]
-        finite = [x for x in values if math.isfinite(x)]
-        top = fmt(best(finite)) if best and finite else None
-        texts = [fmt(x) if math.isfinite(x) else "–" for x in values]
-        texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
-        lines.append(f"| {size} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
-
-
-LOSS, LRS = "(i) Optimal loss min_η L (↓)", "(ii) Learning rate sensitivity LRS (↓)"
-TIME = "(iii) Additional training time (↓)"
-
-
-def _caption(mean, l0):
-    divisor = {"published": "(n_η − 1), the published tables' rule",
-               "literal": "n_η, Eq. 22 as written"}[mean]
-    l0_text = (f"L₀ = {l0:g} for every run" if l0 is not None else
-               "L₀ = each run's loss at initialisation (init_loss; 10.83, or 10.85 for 221M, "
-               "where a CSV has none)")
-    return (f"LRS = Σ_η [min(L(η), L₀) − min_η L] / {divisor}; {l0_text}; a diverged run "
-            f"counts as L₀. Additional training time = mean train time over the runs that did "
-            f"not diverge / the baseline's − 1. Best loss and LRS per size in bold.")
-
-
-def markdown_report(cells, mean="published", l0=None):
-    """Table 2 (untied) / Table 6 (tied) and, for heads run with several λ, Table 3."""
-    optimal, sensitivity = (lambda c: c.optimal_loss), (lambda c: c.lrs_value)
-    loss_fmt, lrs_fmt = "{:.2f}".format, "{:.3f}".format
-    parts = [f"# Results\n\n{_caption(mean, l0)}"]
-    for tie in sorted({c.tie for c in cells}):
-        tying = "with weight tying" if tie else "without weight tying"
-        main = main_cells(cells, tie)
-        n_lrs = "/".join(str(n) for n in sorted({len(c.lrs) for c in main}))
-        parts += [f"## All variants, {tying} ({n_lrs} learning rates)",
-                  LOSS, _markdown_table(main, optimal, loss_fmt),
-                  LRS, _markdown_table(main, sensitivity, lrs_fmt),
-                  TIME, _markdown_table(main, lambda c: 100 * extra_time(c, cells),
-                                        "{:.1f}%".format, best=None)]
-        for head in swept_lambda_heads(cells, tie):
-            swept = [c for c in cells if c.tie == tie and c.head == head]
-            parts += [f"## {head} for several λ, {tying}",
-                      LOSS, _markdown_table(swept, optimal, loss_fmt, show_lam=True),
-                      LRS, _markdown_table(swept, sensitivity, lrs_fmt, show_lam=True)]
-    return "\n\n".join(parts) + "\n"
-
-
-TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",
-                     "lrs", "lrs_mean", "train_time_s", "extra_time")
-
-
-def table_csv(cells, mean="published"):
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(TABLE_CSV_COLUMNS)
-    for c in cells:
-        writer.writerow([_cell(v) for v in (c.tie, c.size, c.head, c.lam, c.cap, len(c.lrs),
-                                            c.best_lr, c.optimal_loss, c.lrs_value, mean,
-                                            c.train_time_s, extra_time(c, cells))])
-    return buffer.getvalue()
+def save_figure(fig, folder, stem):
+    """FOLDER/STEM.png and .pdf, each complete or not there at all."""
+    paths = [Path(folder) / f"{stem}.{ext}" for ext in ("png", "pdf")]
+    for path in paths:
+        with data.open_atomic(path) as f:
+            fig.savefig(f, format=path.suffix[1:], dpi=120)
+    return paths
 
 
 def cmd_table(args):
-    cells = reduce_runs(read_results(args.results, args.l0), args.lrs_mean)
-    out = Path(args.out) if args.out else Path(args.results).parent
-    out.mkdir(parents=True, exist_ok=True)
-    markdown = markdown_report(cells, args.lrs_mean, args.l0)
-    write_atomic(out / "table.md", markdown)
-    write_atomic(out / "table.csv", table_csv(cells, args.lrs_mean))
+    cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
+    out = data.make_folder(args.out or Path(args.results).parent)
+    markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
+    data.write_atomic(out / "table.md", markdown)
+    data.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
     print(markdown)
     print(f"sweep: wrote {out / 'table.md'} and {out / 'table.csv'}")
     return 0
 
 
-# -----------------------------------------------------------------------------
-# plot: Fig. 2/8 (loss vs η per size, LRS vs size), Fig. 3 (logit statistics vs η), Fig. 4 (λ)
-
-def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
-    """Top row: min(L(η), L₀) vs η, one panel per size; below: LRS vs size. Dashed = paper."""
-    sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
-    fig = plt.figure(figsize=(3.2 * max(len(sizes), 2) + 1, 6.4))
-    grid = fig.add_gridspec(2, max(len(sizes), 2))
-    loss_axes = [fig.add_subplot(grid[0, i]) for i in range(len(sizes))]
-    lrs_ax = fig.add_subplot(grid[1, :2])
-    for source, style in ((cells, SOLID), (ref_cells, DASHED)):
-        suffix = " (paper)" if source is ref_cells else ""
-        for c in source:
-            loss_axes[sizes.index(c.size)].plot(c.lrs, c.losses, color=color_of(c),
-                                                label=label_of(c) + suffix, **style)
-        for variant in sorted({c.variant for c in source}, key=variant_order):
-            line = sorted((c for c in source if c.variant == variant),
-                          key=lambda c: size_order(c.size))
-            lrs_ax.plot([sizes.index(c.size) for c in line], [c.lrs_value for c in line],
-                        color=color_of(line[0]), label=label_of(line[0]) + suffix, **style)
-    for ax, size in zip(loss_axes, sizes):
-        losses = [loss for c in cells + ref_cells if c.size == size for loss in c.losses]
-        # zoom on the optimum: up to 30% above it, the region the paper's Fig. 2 shows
-        low, high = min(losses), min(max(losses), 1.3 * min(losses))
-        pad = 0.05 * (high - low) or 0.05
-        ax.set(xscale="log", title=size, xlabel="learning rate η", ylim=(low - pad, high + pad))
-        ax.grid(alpha=0.3)
-    loss_axes[0].set_ylabel("loss min(L, L₀)")
-    loss_axes[0].legend(fontsize=7)
-    positive = all(c.lrs_value > 0 for c in cells + ref_cells)  # a log axis must show them all
-    lrs_ax.set(xticks=range(len(sizes)), xticklabels=sizes, xlabel="model size N", ylabel="LRS",
-               yscale="log" if positive else "linear")
-    lrs_ax.grid(alpha=0.3)
-    lrs_ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def _plot_metrics(plt, cells, ref_cells, title):
-    """Fig. 3: logit mean, logit std, ‖μ‖ and max |l| vs η, and the precision metrics where the
-    runs logged them; rows = metrics, columns = sizes."""
-    sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
-    metrics = METRICS + tuple(m for m in PRECISION_METRICS
-                              if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
-    fig, axes = plt.subplots(len(metrics), len(sizes), figsize=(3.2 * len(sizes) + 1,
-                                                                2.5 * len(metrics)), squeeze=False)
-    for source, style in ((cells, SOLID), (ref_cells, DASHED)):
-        suffix = " (paper)" if source is ref_cells else ""
-        for c in source:
-            for i, (metric, _) in enumerate(metrics):
-                axes[i][sizes.index(c.size)].plot(c.lrs, [row[metric] for row in c.rows],
-                                                  color=HEAD_COLORS.get(c.head, "k"),
-                                                  label=variant_label(c.variant) + suffix, **style)
-    for i, (metric, label) in enumerate(metrics):
-        for j, size in enumerate(sizes):
-            ax = axes[i][j]
-            values = [abs(r[metric]) for c in cells + ref_cells if c.size == size for r in c.rows]
-            # the baseline's values grow by orders of magnitude while μ-centering's stay at 0:
-            # symlog (linear within ±1) shows both, where the range calls for it
-            if max(filter(math.isfinite, values), default=0.0) > 50:
-                ax.set_yscale("symlog", linthresh=1.0)
-            ax.set_xscale("log")
-            ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(size)
-            if i == len(metrics) - 1:
-                ax.set_xlabel("learning rate η")
-        axes[i][0].set_ylabel(label)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def _save(fig, out, stem):
-    """PNG and PDF, each written to a temp file and renamed, so no half-written figure stays."""
-    paths = []
-    for ext in ("png", "pdf"):
-        path = out / f"{stem}.{ext}"
-        tmp = out / f".{stem}.tmp{os.getpid()}.{ext}"
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
-
-
-def make_figures(cells, ref_cells, out):
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for tie in sorted({c.tie for c in cells}):
-        tying = "tied" if tie else "untied"
-        ours, ref = main_cells(cells, tie), main_cells(ref_cells, tie) if ref_cells else []
-        head_color = lambda c: HEAD_COLORS.get(c.head, "k")
-        fig = _plot_loss_and_lrs(plt, ours, ref, head_color, lambda c: variant_label(c.variant),
-                                 f"Loss vs learning rate and LRS vs size ({tying})")
-        written += _save(fig, out, f"fig2_loss_lrs_{tying}")
-        fig = _plot_metrics(plt, ours, ref, f"Logit statistics, ‖μ‖ vs learning rate ({tying})")
-        written += _save(fig, out, f"fig3_logits_{tying}")
-        for head in swept_lambda_heads(cells, tie):
-            ours_lam = [c for c in cells if c.tie == tie and c.head == head]
-            ref_lam = [c for c in ref_cells if c.tie == tie and c.head == head]
-            lams = sorted({c.lam for c in ours_lam + ref_lam})
-            lam_color = lambda c: plt.get_cmap("viridis")(
-                0.9 * lams.index(c.lam) / max(len(lams) - 1, 1))
-            fig = _plot_loss_and_lrs(plt, ours_lam, ref_lam, lam_color, lambda c: f"λ={c.lam:g}",
-                                     f"{head}: λ sensitivity ({tying})")
-            written += _save(fig, out, f"fig4_lambda_{head}_{tying}")
-        plt.close("all")
-    return written
-
-
 def cmd_plot(args):
-    columns = TABLE_COLUMNS + tuple(name for name, _ in METRICS)  # Fig. 3 needs the metrics
-    cells = reduce_runs(read_results(args.results, args.l0, columns), args.lrs_mean)
-    ref_cells = (reduce_runs(read_results(args.reference, columns=columns), args.lrs_mean)
-                 if args.reference else [])
-    out = Path(args.out) if args.out else Path(args.results).parent
-    for path in make_figures(cells, ref_cells, out):
-        print(f"sweep: wrote {path}")
+    columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)  # Fig. 3's too
+    cells = report.reduce_runs(report.read_results(args.results, args.l0, columns),
+                               args.lrs_mean)
+    ref_cells = (report.reduce_runs(report.read_results(args.reference, columns=columns),
+                                    args.lrs_mean) if args.reference else [])
+    out = data.make_folder(args.out or Path(args.results).parent)
+    for stem, fig in report.figures(cells, ref_cells):
+        for path in save_figure(fig, out, stem):
+            print(f"sweep: wrote {path}")
     return 0
-
-
-CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), ("mu_norm", "‖μ‖"),
-          ("logit_mean", "logit mean  l̄"), ("logit_absmax", "max |l|"),
-          ("prec_err_cast", "input rounding / σ_l"), ("prec_err_round", "result rounding / σ_l"),
-          ("prec_ce_gap", "CE gap (nats)"))
 
 
 def read_log(run_dir):
@@ -857,30 +576,17 @@ def read_log(run_dir):
     path = Path(run_dir) / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError:
+        raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
 
 
 def cmd_curves(args):
-    """Curves over training of a few runs (log.jsonl): the quantities of CURVES vs step."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    logs = {Path(run).name: read_log(run) for run in args.runs}
-    fig, axes = plt.subplots(2, (len(CURVES) + 1) // 2, figsize=(16, 7), squeeze=False)
-    for ax, (key, label) in zip(axes.flat, CURVES):
-        for name, records in logs.items():
-            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-            if points:
-                ax.plot(*zip(*points), label=name, lw=1)
-        if key in ("mu_norm", "logit_absmax"):
-            ax.set_yscale("symlog", linthresh=1.0)
-        ax.set(title=label, xlabel="step")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
+    """Curves over training of a few runs (log.jsonl): report.CURVES vs step."""
+    fig = report.curves_figure({Path(run).name: read_log(run) for run in args.runs})
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for path in _save(fig, out.parent, out.stem):
+    for path in save_figure(fig, data.make_folder(out.parent), out.name):
         print(f"sweep: wrote {path}")
     return 0
 
@@ -899,7 +605,8 @@ def parse_args(argv=None):
     run.add_argument("--sizes", nargs="+", help="model sizes (paper: 16M 29M 57M 109M 221M)")
     run.add_argument("--lrs", nargs="+", type=float, help="learning rates (paper: 3e-4 ... 3e-1)")
     run.add_argument("--heads", nargs="+", help=f"heads among {', '.join(HEADS)}")
-    run.add_argument("--tie", nargs="+", type=boolean, help="weight tying: false, true or both")
+    run.add_argument("--tie", nargs="+", type=report.boolean,
+                     help="weight tying: false, true or both")
     run.add_argument("--lams", nargs="+", type=float, help="λ for z_loss and mu_loss")
     run.add_argument("--caps", nargs="+", type=float, help="c for soft_cap")
     run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
@@ -909,15 +616,15 @@ def parse_args(argv=None):
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
                                     "(each run gets --nproc_per_node of them)")
-    run.add_argument("--jobs", type=int, default=1,
+    run.add_argument("--jobs", type=data.positive_int, default=1,
                      help="local, without --gpus: runs at once (CPU: one per core)")
-    run.add_argument("--nproc_per_node", type=int, default=1,
+    run.add_argument("--nproc_per_node", type=data.positive_int, default=1,
                      help="processes (GPUs) per run; >1 uses torchrun")
-    run.add_argument("--nodes", type=int, default=1, help="slurm: nodes per run")
+    run.add_argument("--nodes", type=data.positive_int, default=1, help="slurm: nodes per run")
     run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
                      help="slurm: extra #SBATCH options without the dashes, "
                           "e.g. partition=gpu time=2-00:00:00")
-    run.add_argument("--array_limit", type=int, default=0,
+    run.add_argument("--array_limit", type=data.non_negative_int, default=0,
                      help="slurm: at most this many tasks at once (0: no limit)")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
     run.add_argument("--dry_run", action="store_true",
@@ -933,8 +640,9 @@ def parse_args(argv=None):
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
                          help="divide the LRS sum by n_η − 1 (published tables) "
                               "or n_η (Eq. 22)")
-        sub.add_argument("--l0", type=float, help="loss at initialisation for every run "
-                                                  "(default: init_loss, else 10.83/10.85 by size)")
+        sub.add_argument("--l0", type=data.positive_float,
+                         help="loss at initialisation for every run "
+                              "(default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
             sub.add_argument("--reference",
                              help="a CSV of the paper's runs to draw beside ours (dashed)")
@@ -945,8 +653,6 @@ def parse_args(argv=None):
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "run" and min(args.nproc_per_node, args.jobs) < 1:
-        parser.error("--nproc_per_node and --jobs must be at least 1")
     return args, extra
 
 
@@ -960,8 +666,14 @@ def main(argv=None):
             return 0
         commands = {"table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
         return commands[args.command](args)
-    except (ValueError, FileNotFoundError) as error:
+    except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
+    except (ValueError, OSError) as error:  # data.WriteError is an OSError with one sentence
         raise SystemExit(f"sweep {args.command}: {error}") from None
+    except KeyboardInterrupt:
+        print(f"sweep {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import report
 import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,12 +120,12 @@ def test_literal_mean_is_six_sevenths_and_caption_says_which(reference_tables):
 def test_lrs_counts_diverged_and_worse_runs_as_l0():
     rows = [dict(test_loss=loss, diverged=diverged, l0=10.0)
             for loss, diverged in ((3.0, False), (3.5, False), (12.0, False), (math.nan, True))]
-    capped = [sweep.capped_loss(r) for r in rows]
+    capped = [report.capped_loss(r) for r in rows]
     assert capped == [3.0, 3.5, 10.0, 10.0]
-    assert sweep.lr_sensitivity(capped) == pytest.approx((0.5 + 7.0 + 7.0) / 3, rel=1e-15)
-    assert sweep.lr_sensitivity(capped, "literal") == pytest.approx((0.5 + 7.0 + 7.0) / 4,
+    assert report.lr_sensitivity(capped) == pytest.approx((0.5 + 7.0 + 7.0) / 3, rel=1e-15)
+    assert report.lr_sensitivity(capped, "literal") == pytest.approx((0.5 + 7.0 + 7.0) / 4,
                                                                     rel=1e-15)
-    assert math.isnan(sweep.lr_sensitivity([3.0]))  # one learning rate: no sensitivity to speak of
+    assert math.isnan(report.lr_sensitivity([3.0]))  # one learning rate: no sensitivity to speak of
 
 
 def test_grids_have_the_papers_sizes_and_folder_names():
@@ -173,13 +174,13 @@ def test_proxy_train_settings_come_first_so_the_command_line_wins(tmp_path, caps
 def test_dtype_and_seed_columns_label_the_table_columns():
     rows = [{"size": "tiny", "dtype": d, "seed": n} for d in ("float32", "bfloat16")
             for n in ("0", "1")] + [{"size": "16M", "dtype": "float32", "seed": "0"}]
-    assert [r["size"] for r in sweep.label_settings(rows)] == [
+    assert [r["size"] for r in report.label_settings(rows)] == [
         "tiny float32", "tiny float32 seed1", "tiny bfloat16", "tiny bfloat16 seed1",
         "16M float32"]
     same = [{"size": "tiny", "dtype": "float32", "seed": "0"}, {"size": "16M", "dtype": "float32"}]
-    assert [r["size"] for r in sweep.label_settings(same)] == ["tiny", "16M"]  # one setting
+    assert [r["size"] for r in report.label_settings(same)] == ["tiny", "16M"]  # one setting
     labels = ["tiny float32", "16M", "tiny bfloat16", "tiny"]
-    assert sorted(labels, key=sweep.size_order) == ["tiny", "tiny bfloat16", "tiny float32", "16M"]
+    assert sorted(labels, key=report.size_order) == ["tiny", "tiny bfloat16", "tiny float32", "16M"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -233,10 +234,14 @@ def test_table_refuses_csv_without_a_column_or_without_rows(tmp_path):
 # ---- run folders made by hand -----------------------------------------------------------------
 
 def write_run(root, size, head, lr, val_loss, init_loss=10.8, diverged=False, lam=None,
-              time_s=100.0):
-    """A finished run folder as train.py leaves it (DESIGN.md's summary.json)."""
+              time_s=100.0, **settings):
+    """A finished run folder as train.py leaves it: config.json (its settings, `settings` the
+    options passed on to it) and summary.json."""
     folder = root / sweep.Run(size, head, lr, False, lam).name
     folder.mkdir(parents=True)
+    config = {"size": size, "head": head, "lr": lr, "tie": False, "lam": lam, "cap": None,
+              "steps": 50, "device": "cpu", **settings}
+    (folder / "config.json").write_text(json.dumps(config))
     logits = dict(logit_mean=-150 * lr, logit_std=2.0, logit_absmax=9.0 + lr, log2Z=40.0)
     summary = {"head": head, "size": size, "lr": lr, "tie": False, "lam": lam, "cap": None,
                "steps": 50, "tokens": 6400, "val_loss": None if diverged else val_loss,
@@ -323,7 +328,7 @@ def fake_slurm_bin(folder):
 
 def test_slurm_script_is_an_array_of_one_torchrun_per_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep"
-    write_run(out, "16M", "baseline", 1e-3, 3.9)  # finished: not in the array
+    write_run(out, "16M", "baseline", 1e-3, 3.9, steps=2000, data="my data")  # finished
     argv = ["run", "--grid", "custom", "--sizes", "16M", "29M", "--lrs", "1e-3", "1e-2",
             "--heads", "baseline", "mu_loss", "--lams", "0.1", "--out", str(out),
             "--launcher", "slurm", "--nproc_per_node", "4",
@@ -393,6 +398,9 @@ if float(args[args.index("--lr") + 1]) > 0.05:
     sys.exit(1)  # a crash: no summary.json
 out = pathlib.Path(args[args.index("--out_dir") + 1])
 out.mkdir(parents=True, exist_ok=True)
+options = [i for i, arg in enumerate(args) if arg.startswith("--")]
+config = {args[i][2:]: True if i + 1 in options + [len(args)] else args[i + 1] for i in options}
+(out / "config.json").write_text(json.dumps(config))  # values as text, flags true
 (out / "summary.json").write_text(json.dumps(args))
 """
 
