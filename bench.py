@@ -24,13 +24,16 @@ OMP_NUM_THREADS=1: waiting OpenMP threads otherwise make small steps up to 100×
 tokens at each size's width D and the vocabulary V, for both loss paths, with its peak memory.
 """
 import argparse
+import functools
 import re
 import statistics
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+import fused_loss
 import heads
 import train
 from model import SIZES
@@ -42,6 +45,9 @@ STEPS = 10           # timed steps per variant
 WARMUP = 3           # untimed steps per variant first (the first one compiles)
 SEED = 0
 VOCAB_SIZE = 50304
+LOSS_PATHS = {"plain": "heads.py's reference (--loss_chunk 0)",
+              "default": "train.py's default (fused_loss.DEFAULT_CHUNK for the device)",
+              "chunked": "fused_loss.chunked_loss with --chunk_size tokens per chunk"}
 
 
 def parse_args(argv=None):
@@ -53,9 +59,9 @@ def parse_args(argv=None):
       help=f"model sizes, of {', '.join(SIZES)}")
     a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
       help="heads to time (the baseline is always added: overheads are relative to it)")
-    a("--loss_impl", default="plain", choices=("plain", "chunked", "both"),
-      help="loss path: heads.py's plain reference, the chunked one, or both")
-    a("--chunk_size", type=train.positive_int, default=heads.CHUNK_SIZE,
+    a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS,
+      metavar="PATH", help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
+    a("--chunk_size", type=train.positive_int, default=fused_loss.CHUNK_SIZE,
       help="tokens per chunk of the chunked loss path")
     a("--steps", type=train.positive_int, default=STEPS, help="timed steps per variant")
     a("--warmup", type=train.non_negative_int, default=WARMUP, help="untimed steps first")
@@ -83,7 +89,7 @@ def parse_args(argv=None):
     if args.no_train and not args.loss_tokens:
         p.error("--no_train leaves nothing to measure; add --loss_tokens N")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
-    args.impls = ["plain", "chunked"] if args.loss_impl == "both" else [args.loss_impl]
+    args.impls = list(dict.fromkeys(args.loss_paths))
     return args
 
 
@@ -158,8 +164,12 @@ def train_args(args, size, head, impl):
             "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
             "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
             "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
-            "--loss_chunk", str(args.chunk_size if impl == "chunked" else 0)]
+            *LOSS_CHUNK_ARGS[impl](args)]
     return train.parse_args(argv)
+
+
+LOSS_CHUNK_ARGS = {"plain": lambda args: ["--loss_chunk", "0"], "default": lambda args: [],
+                   "chunked": lambda args: ["--loss_chunk", str(args.chunk_size)]}
 
 
 class Variant:
@@ -235,8 +245,88 @@ def add_relative(rows, key):
 # ---------------------------------------------------------------------------------------------
 # The LM head alone: forward + backward of head(h, W, targets)
 
+def loss_functions(name, args, device_type):
+    """{path: f(h, W, targets) → loss} for head `name`: this project's paths (plain, default,
+    chunked), then the anchors that can compute the same loss: F.cross_entropy(F.linear(·)) with
+    the head's extra terms written out, torch's F.linear_cross_entropy (CE only: baseline, μ-loss,
+    μ-centering), and on CUDA, where installed, Liger Kernel's and Apple's fused linear CE."""
+    head = heads.build(name)
+
+    def ours(path):
+        variant = heads.build(name)
+        variant.loss_path = path
+        return lambda h, w, y: variant(h, w, y)[0]
+
+    def plus_mu_loss(ce_fn):  # the anchors do CE (+ cap / z-loss where they can); μ-loss is added
+        if name != "mu_loss":
+            return ce_fn
+        return lambda h, w, y: ce_fn(h, w, y) + head.regulariser(w, None, None)
+
+    paths = {"plain": ours(None), "default": ours(fused_loss.loss_path(None, device_type)),
+             "chunked": ours(functools.partial(fused_loss.chunked_loss, chunk_size=args.chunk_size,
+                                               torch_op=False))}
+    paths = {k: v for k, v in paths.items() if k in args.impls}
+    paths["F.ce(F.linear)"] = plus_mu_loss(functools.partial(naive_loss, head))
+    if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
+        options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
+        paths["F.linear_ce"] = plus_mu_loss(lambda h, w, y: F.linear_cross_entropy(
+            h, w, y, ignore_index=heads.IGNORE, options=options))
+    if device_type == "cuda":
+        paths.update({k: plus_mu_loss(f) for k, f in gpu_anchors(head).items()})
+    return paths
+
+
+def naive_loss(head, h, weight, targets):
+    """The head's loss as one would write it with torch's ops on the full N × V logits."""
+    logits = F.linear(h, weight).float()
+    if head.cap is not None:
+        logits = head.cap * torch.tanh(logits / head.cap)
+    loss = F.cross_entropy(logits, targets, ignore_index=heads.IGNORE)
+    if head.name == "z_loss":
+        loss = loss + head.lam * torch.logsumexp(logits, dim=-1).square().mean()
+    return loss
+
+
+def gpu_anchors(head):
+    """Liger Kernel's and Cut Cross-Entropy's fused linear CE for this head, where importable
+    (optional, benchmark only; never a dependency of the project)."""
+    anchors = {}
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        liger = LigerFusedLinearCrossEntropyLoss(
+            ignore_index=heads.IGNORE, **({"softcap": head.cap} if head.cap else {}),
+            **({"lse_square_scale": head.lam} if head.name == "z_loss" else {}))
+        anchors["liger"] = lambda h, w, y: liger(w, h, y)
+    except (ImportError, TypeError):  # not installed, or too old for softcap
+        pass
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+        if head.name != "z_loss":  # CCE has a soft-cap but no z-loss
+            anchors["cce"] = lambda h, w, y: linear_cross_entropy(
+                h, w, y, ignore_index=heads.IGNORE, softcap=head.cap)
+    except ImportError:
+        pass
+    return anchors
+
+
+def errors_vs_float64(name, loss_fn, h, weight, targets, amp):
+    """(|Δ loss|, max |Δ grad| / max |grad|) of loss_fn against heads.py's plain path in float64."""
+    def loss_and_grads(fn, h, weight):
+        h, weight = h.detach().requires_grad_(), weight.detach().requires_grad_()
+        loss = fn(h, weight, targets)
+        return loss.detach().double(), torch.autograd.grad(loss, (h, weight))
+    ref_loss, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
+                                         weight.double())
+    with amp:
+        loss, grads = loss_and_grads(loss_fn, h, weight)
+    grad_err = max(float((g.double() - r).abs().max() / r.abs().max())
+                   for g, r in zip(grads, ref_grads))
+    return float((loss - ref_loss).abs()), grad_err
+
+
 def bench_loss_path(args, size):
-    """Rows for the head alone at this size's width: every head × loss path, timed in turns."""
+    """Rows for the head alone at this size's width: every head × loss path (ours and the
+    anchors), timed in turns, with the errors of loss and gradients against float64."""
     device = torch.device(args.device)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
     gen = torch.Generator().manual_seed(SEED)
@@ -245,28 +335,31 @@ def bench_loss_path(args, size):
     targets = torch.randint(0, vocab, (n,), generator=gen).to(device)
     amp = train.autocast(device, args.dtype)
 
-    def forward_backward(head):
+    def forward_backward(loss_fn):
         def work():
             with amp:
-                loss, _ = head(h, weight, targets)
+                loss = loss_fn(h, weight, targets)
             loss.backward()
             h.grad = weight.grad = None
         return work
 
-    works = {}
+    works, errors = {}, {}
     for name in args.heads:
-        for impl in args.impls:
-            head = heads.build(name)
-            head.chunk_size = args.chunk_size if impl == "chunked" else None
-            works[name, impl] = forward_backward(torch.compile(head) if args.compile else head)
+        for path, loss_fn in loss_functions(name, args, device.type).items():
+            errors[name, path] = errors_vs_float64(name, loss_fn, h, weight, targets, amp)
+            works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile else loss_fn)
             for _ in range(args.warmup):
-                works[name, impl]()
+                works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
+    torch_op = summarize(samples["baseline", "F.linear_ce"])[0] if ("baseline", "F.linear_ce") \
+        in samples else None
     rows = []
-    for (name, impl), timings in samples.items():
+    for (name, path), timings in samples.items():
         seconds, peak_bytes = summarize(timings)
         rows.append({"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
-                     "loss_impl": impl, "time_s": seconds, "peak_mem_bytes": peak_bytes})
+                     "loss_impl": path, "time_s": seconds, "peak_mem_bytes": peak_bytes,
+                     "vs_torch_op": seconds / torch_op if torch_op else None,
+                     "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]})
     add_relative(rows, "time_s")
     return rows
 
@@ -316,14 +409,16 @@ def print_train_tables(result):
 def print_loss_table(result):
     args = result["settings"]
     print(f"\nLM head alone, forward + backward; {result['device_name']}, {args['dtype']}, "
-          f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}; "
-          f"peak memory: {result['memory_measure']}")
-    print(f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'loss':>8} {'ms':>8} {'peak mem':>10} "
-          f"{'vs plain':>9} {'mem ÷':>6}")
+          f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}; peak memory: "
+          f"{result['memory_measure']}; × torch op: time / F.linear_cross_entropy's on baseline; "
+          f"errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)")
+    print(f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} {'× torch op':>10} "
+          f"{'peak mem':>10} {'|Δ loss|':>9} {'Δ grad':>9}")
     for r in result["loss_path"]:
+        ratio = "" if r["vs_torch_op"] is None else f"{r['vs_torch_op']:.2f}"
         print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
-              f"{r['loss_impl']:>8} {1e3 * r['time_s']:>8.1f} {fmt_bytes(r['peak_mem_bytes']):>10} "
-              f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
+              f"{r['loss_impl']:>15} {1e3 * r['time_s']:>8.1f} {ratio:>10} "
+              f"{fmt_bytes(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
 
 
 def device_name(device):

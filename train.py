@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
+import fused_loss
 import heads
 from model import GPT, SIZES, config_for
 
@@ -71,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--micro_batch", type=positive_int, default=16, help="sequences per forward, per process")
     a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
     a("--seed", type=int, default=0, help="seed of the initial weights")
-    a("--loss_chunk", type=non_negative_int, default=0,
-      help="tokens per chunk of heads.chunked_loss (same loss and gradients without the N×V "
-           "logits in memory); 0 = the plain path")
+    a("--loss_chunk", type=non_negative_int, default=None,
+      help="tokens per chunk of the LM head's loss (fused_loss.py: same loss and gradients "
+           "without the N×V logits); 0 = heads.py's plain path; default: the fastest exact "
+           "path measured for the device (fused_loss.DEFAULT_CHUNK)")
     a("--data", default=data.DEFAULT_DATA,
       help="folder of *train*.bin / *val*.bin shards (the default is downloaded if missing)")
     a("--out_dir", default="out", help="run folder")
@@ -291,7 +293,7 @@ def build_model(args) -> GPT:
     head = heads.build(args.head, lam=args.lam, cap=args.cap)
     config = config_for(args.size, vocab_size=args.vocab_size, block_size=args.seq_len,
                         tie=args.tie)
-    head.chunk_size = args.loss_chunk or None
+    head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     torch.manual_seed(args.seed)
     model = GPT(config, head)
     # The callers feed checked ids (train.py checks every shard in open_data, bench.py draws

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import bench
+import fused_loss
 import heads
 
 ROOT = Path(__file__).resolve().parent.parent
+PATHS = ["plain", "default", "chunked"]
 TINY = ["--device", "cpu", "--sizes", "tiny", "--steps", "2", "--warmup", "1", "--seq_len", "32",
         "--micro_batch", "2", "--vocab_size", "256", "--chunk_size", "16"]
 
@@ -20,7 +22,7 @@ TINY = ["--device", "cpu", "--sizes", "tiny", "--steps", "2", "--warmup", "1", "
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     # One thread: on a shared, busy CPU OpenMP's waiting threads make steps 100× slower.
-    proc = subprocess.run([sys.executable, "bench.py", *TINY, "--loss_impl", "both",
+    proc = subprocess.run([sys.executable, "bench.py", *TINY, "--loss_paths", *PATHS,
                            "--loss_tokens", "64", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -31,8 +33,7 @@ def tiny_run(tmp_path_factory):
 def test_tiny_cpu_run_writes_every_variant_with_sane_values(tiny_run):
     result, _ = tiny_run
     rows = result["train"]
-    assert {(r["head"], r["loss_impl"]) for r in rows} == \
-        {(h, i) for h in heads.HEADS for i in ("plain", "chunked")}
+    assert {(r["head"], r["loss_impl"]) for r in rows} == {(h, i) for h in heads.HEADS for i in PATHS}
     tokens = 2 * 32
     for r in rows:
         assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(tokens / r["step_s"])
@@ -47,12 +48,20 @@ def test_tiny_cpu_run_writes_every_variant_with_sane_values(tiny_run):
     assert result["peak_flops"] is None and result["settings"]["compile"] is False
 
 
-def test_tiny_cpu_run_measures_the_loss_path_alone(tiny_run):
+def test_tiny_cpu_run_measures_the_loss_path_alone_next_to_the_anchors(tiny_run):
+    """Our three paths and F.cross_entropy(F.linear) for every head, torch's fused op where it
+    computes the head's loss; every one within float32 error of heads.py in float64."""
     result, stdout = tiny_run
     rows = result["loss_path"]
-    assert len(rows) == 2 * len(heads.HEADS)
+    torch_op = {(h, "F.linear_ce") for h in fused_loss.PLAIN_CE_HEADS} if fused_loss.TORCH_OP else set()
+    assert {(r["head"], r["loss_impl"]) for r in rows} == \
+        {(h, p) for h in heads.HEADS for p in PATHS + ["F.ce(F.linear)"]} | torch_op
     for r in rows:
         assert (r["tokens"], r["vocab"], r["dim"]) == (64, 256, 64) and r["time_s"] > 0
+        assert r["loss_err"] < 1e-5 and r["grad_err"] < 1e-5, r
+        if fused_loss.TORCH_OP:
+            baseline_op = next(x for x in rows if (x["head"], x["loss_impl"]) == ("baseline", "F.linear_ce"))
+            assert r["vs_torch_op"] == pytest.approx(r["time_s"] / baseline_op["time_s"])
     assert "Additional training time relative to baseline" in stdout
     assert "LM head alone" in stdout
 

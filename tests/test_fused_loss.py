@@ -1,12 +1,19 @@
-"""The chunked loss path of heads.py equals the plain reference path: values and gradients.
+"""fused_loss.py's chunked loss path equals heads.py's plain reference path: values and gradients.
 
-Every head, in float64 (tight), float32 (float tolerance), bf16 inputs and bf16 autocast
-(bf16 tolerance), with ignored (-1) targets and a chunk size that does not divide N; plus a
-float64 gradcheck of the hand-written backward, and the switch through a whole model.
+Every head, through torch's F.linear_cross_entropy and through our own loop, in float64 (tight),
+float32 (float tolerance), bf16 inputs and bf16 autocast (bf16 tolerance), with ignored (-1)
+targets and a chunk size that does not divide N; a float64 gradcheck of the hand-written
+backward; no backward work under no_grad; the default path per device; the switch through a
+whole model.
 """
+import functools
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
+import fused_loss
 import heads
 import model
 
@@ -43,15 +50,17 @@ def assert_close(actual, expected, tol):
     assert (actual.double() - expected.double()).abs().max() <= tol * scale
 
 
+@pytest.mark.parametrize("torch_op", [True, False])
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("name", heads.HEADS)
-def test_chunked_equals_plain(name, setting):
+def test_chunked_equals_plain(name, setting, torch_op):
     dtype, autocast, tol = SETTINGS[setting]
     head = make_head(name)
     h, w, targets = make_inputs(dtype)
     plain = loss_and_grads(head, h, w, targets, autocast)
-    chunked = loss_and_grads(lambda *a: heads.chunked_loss(head, *a, chunk_size=8),
-                             h, w, targets, autocast)
+    chunked = loss_and_grads(
+        lambda *a: fused_loss.chunked_loss(head, *a, chunk_size=8, torch_op=torch_op),
+        h, w, targets, autocast)
     (loss_p, stats_p, grads_p), (loss_c, stats_c, grads_c) = plain, chunked
     assert loss_c.dtype == loss_p.dtype and loss_c.shape == ()
     assert_close(loss_c, loss_p, tol)
@@ -70,7 +79,7 @@ def test_backward_matches_finite_differences(name):
     head = make_head(name)
     h, w, targets = make_inputs(torch.float64, seed=1, n_tokens=6)
     assert torch.autograd.gradcheck(
-        lambda h, w: heads.chunked_loss(head, h, w, targets, chunk_size=5)[0], (h, w),
+        lambda h, w: fused_loss.chunked_loss(head, h, w, targets, chunk_size=5)[0], (h, w),
         fast_mode=True)  # checks random directions: the full Jacobian takes minutes
 
 
@@ -79,29 +88,64 @@ def test_all_targets_ignored_gives_zero_loss_like_plain():
     h, w, targets = make_inputs(torch.float32)
     targets = torch.full_like(targets, -1)
     loss, _, (grad_h, grad_w) = loss_and_grads(
-        lambda *a: heads.chunked_loss(head, *a, chunk_size=8), h, w, targets, False)
+        lambda *a: fused_loss.chunked_loss(head, *a, chunk_size=8), h, w, targets, False)
     assert loss.item() == 0.0 == head(h, w, targets)[0].item()
     assert grad_h.abs().max() == 0 and grad_w.abs().max() == 0
 
 
-def test_without_grad_gives_the_same_loss():
-    head = make_head("soft_cap")
+@pytest.mark.parametrize("name", heads.HEADS)
+def test_without_grad_gives_the_same_loss_and_does_no_backward_work(name):
+    """Under no_grad only the forward matmul runs (2·N·D·V FLOPs), not the two of ∂L/∂h and
+    ∂L/∂W: ctx.needs_input_grad says True there, so the decision is taken at the call site."""
+    head = make_head(name)
     h, w, targets = make_inputs(torch.float32)
-    with torch.no_grad():
-        loss, stats = heads.chunked_loss(head, h, w, targets, chunk_size=8)
-        assert_close(loss, head(h, w, targets)[0], 2e-6)
+    n_tokens = targets.numel()
+    with torch.no_grad(), FlopCounterMode(display=False) as flops:
+        loss, stats = fused_loss.chunked_loss(head, h, w, targets, chunk_size=8, torch_op=False)
+    assert flops.get_total_flops() == 2 * n_tokens * D * V
+    assert_close(loss, head(h, w, targets)[0].detach(), 2e-6)
     assert not loss.requires_grad and stats["ce"] > 0
 
 
 def test_bad_chunk_size_is_a_clear_error():
     h, w, targets = make_inputs(torch.float32)
     with pytest.raises(ValueError, match="chunk_size must be a positive number of tokens"):
-        heads.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=0)
+        fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=0)
+
+
+def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(monkeypatch):
+    """baseline / μ-loss / μ-centering go through F.linear_cross_entropy in float32 but not with
+    a bf16 matmul (torch's op would round the loss to bf16); soft-cap and z-loss never; and
+    without the op (torch < 2.13) every head falls back to our own loop."""
+    calls = []
+    if fused_loss.TORCH_OP:
+        real = F.linear_cross_entropy
+        monkeypatch.setattr(F, "linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    h, w, targets = make_inputs(torch.float32)
+    for name in heads.HEADS:
+        fused_loss.chunked_loss(make_head(name), h, w, targets, chunk_size=8)
+    assert len(calls) == (3 if fused_loss.TORCH_OP else 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
+    assert len(calls) == (3 if fused_loss.TORCH_OP else 0)
+    monkeypatch.delattr(F, "linear_cross_entropy", raising=False)
+    monkeypatch.setattr(fused_loss, "TORCH_OP", False)
+    loss, _ = fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
+    assert_close(loss, make_head("baseline")(h, w, targets)[0], 2e-6)
+
+
+def test_default_path_per_device_and_loss_chunk_zero_is_plain():
+    cpu = fused_loss.loss_path(None, "cpu")
+    assert cpu.func is fused_loss.chunked_loss
+    assert cpu.keywords["chunk_size"] == fused_loss.DEFAULT_CHUNK["cpu"] > 0
+    assert fused_loss.loss_path(None, "cuda") is None  # unmeasured there: the plain path
+    assert fused_loss.loss_path(0, "cpu") is None and fused_loss.loss_path(0, "cuda") is None
+    assert fused_loss.loss_path(24, "cuda").keywords["chunk_size"] == 24
 
 
 @pytest.mark.parametrize("name", ["soft_cap", "mu_loss"])
-def test_head_chunk_size_switches_a_whole_model(name):
-    """Setting head.chunk_size routes model(idx, targets) through the chunked path: same loss,
+def test_head_loss_path_switches_a_whole_model(name):
+    """Setting head.loss_path routes model(idx, targets) through the chunked path: same loss,
     same gradient for every parameter of the model."""
     config = model.config_for("tiny", vocab_size=V, block_size=32)
     torch.manual_seed(0)
@@ -109,8 +153,8 @@ def test_head_chunk_size_switches_a_whole_model(name):
     idx = torch.randint(0, V, (2, 32))
     targets = torch.roll(idx, -1, dims=1)
     results = []
-    for chunk_size in (None, 24):
-        gpt.head.chunk_size = chunk_size
+    for chunk_size in (0, 24):
+        gpt.head.loss_path = fused_loss.loss_path(chunk_size, "cpu")
         gpt.zero_grad(set_to_none=True)
         loss, _ = gpt(idx, targets)
         loss.backward()

@@ -154,6 +154,19 @@ def test_z_loss_is_not_symmetric_eq_17_18():
                              head(h, -weight, targets)[1]["reg"], rtol=1e-3)
 
 
+def test_z_loss_is_symmetric_exactly_when_the_sinh_of_the_logits_sum_to_zero():
+    """ZLoss's derivation: L_z(l) = L_z(−l) ⇔ Σⱼ sinh(lⱼ) = 0, also for logits that are not
+    symmetric, l = (asinh 2, −asinh 1, −asinh 1)."""
+    head, h, targets = heads.build("z_loss", lam=1.0), torch.ones(1, 1, dtype=F64), torch.tensor([0])
+    weight = torch.tensor([[math.asinh(2)], [-math.asinh(1)], [-math.asinh(1)]], dtype=F64)
+    assert torch.sinh(weight).sum().abs() < 1e-15
+    reg_plus, reg_minus = head(h, weight, targets)[1]["reg"], head(h, -weight, targets)[1]["reg"]
+    assert reg_plus.item() == pytest.approx(reg_minus.item(), rel=1e-14)
+    weight[0, 0] += 0.1  # Σ sinh ≠ 0: no longer symmetric
+    assert head(h, weight, targets)[1]["reg"] != pytest.approx(
+        head(h, -weight, targets)[1]["reg"].item(), rel=1e-3)
+
+
 def test_soft_cap_and_mu_loss_are_symmetric():
     h, weight, targets = toy_batch()
     cap = make("soft_cap")
@@ -193,6 +206,18 @@ def test_bf16_inputs_get_float32_softmax(name):
         auto_loss, _ = head(h.float(), weight.float(), targets)
     assert auto_loss.dtype == torch.float32
     assert auto_loss.item() == pytest.approx((ce + reg).item(), rel=1e-5)
+
+
+def test_mu_loss_term_is_float32_under_bf16_autocast():
+    """λ·μ·μ must not go through autocast's bf16 matmul (≈ 2⁻⁹ relative error)."""
+    _, weight, _ = toy_batch(V=64, D=32)
+    weight = weight.float()
+    head, targets = heads.build("mu_loss", lam=1.0), torch.full((1,), -1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, stats = head(torch.zeros(1, 32), weight, targets)
+    exact = weight.double().mean(0).square().sum()
+    assert stats["reg"].dtype == torch.float32
+    assert abs(stats["reg"].item() - exact.item()) <= 1e-6 * exact.item()
 
 
 # --- after_step -----------------------------------------------------------------------------
@@ -337,6 +362,26 @@ def test_lemma_2_step_smaller_bound_does_not_mean_smaller_logit():
     assert heads.b_ratio(E2) == pytest.approx(1 / 3)
     assert max_abs_logit(E2, h) == 3.0
     assert max_abs_logit(centred(E2), h) == pytest.approx(10 / 3)   # Eq. 14 "=>" fails too
+
+
+def test_eq_14_fails_strictly_both_ways_smallest_examples_of_b_ratio_docstring():
+    """⇒: E₂, B_ratio = 1/3, h = (−1, 1): max|l*| = 4/3 > 1 = max|l|.
+    ⇐: E₃, B_ratio = 4/3, h = (1, 1): max|l*| = 5/3 < 2 = max|l| (strict, unlike h ⊥ μ)."""
+    h2, h3 = torch.tensor([-1.0, 1.0], dtype=F64), torch.tensor([1.0, 1.0], dtype=F64)
+    assert heads.b_ratio(E2) == pytest.approx(1 / 3, rel=1e-14)
+    assert max_abs_logit(E2, h2) == 1.0 and max_abs_logit(centred(E2), h2) == pytest.approx(4 / 3)
+    assert heads.b_ratio(E3) == pytest.approx(4 / 3, rel=1e-14)
+    assert max_abs_logit(E3, h3) == 2.0 and max_abs_logit(centred(E3), h3) == pytest.approx(5 / 3)
+
+
+def test_b_bounds_are_the_tight_bounds_of_eq_12():
+    b_minus, b_plus, mu_sq = heads.b_bounds(E1)                  # e·μ = (1/3, 0, 0), ‖μ‖² = 1/9
+    assert (b_minus, b_plus, mu_sq) == pytest.approx((1 / 9, 2 / 9, 1 / 9), rel=1e-14)
+    e = anisotropic(100, 16, 2)
+    b_minus, b_plus, mu_sq = heads.b_bounds(e)
+    dots = e @ e.mean(0)
+    assert dots.min().item() == pytest.approx(mu_sq - b_minus) and b_minus >= 0 and b_plus >= 0
+    assert dots.max().item() == pytest.approx(mu_sq + b_plus)
 
 
 def test_eq_14_forward_fails_for_a_given_h():
