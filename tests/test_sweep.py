@@ -231,6 +231,103 @@ def test_table_refuses_csv_without_a_column_or_without_rows(tmp_path):
     assert not (tmp_path / "table.md").exists()
 
 
+def test_grid_values_are_all_checked_before_anything_starts(tmp_path):
+    """`--lrs 0 1e-3` used to launch both and lose the good run too; now every bad value of
+    every axis is named at once and nothing is written."""
+    out = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as error:
+        sweep.main(["run", "--grid", "custom", "--sizes", "tiny", "--heads", "z_loss", "soft_cap",
+                    "--lrs", "0", "1e-3", "nan", "-1", "--lams", "-0.0001", "1e-4", "--caps", "0",
+                    "--seeds", "-1", "0", "--out", str(out)])
+    assert str(error.value) == (
+        "sweep run: nothing was started, as the grid has bad values: --lrs 0 nan -1 (each must "
+        "be a finite number > 0); --lams -0.0001 (each must be a finite number ≥ 0); --caps 0 "
+        "(each must be a finite number > 0); --seeds -1 (each must be an integer from 0 to "
+        "2^64 − 1)")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option, value, rule", [
+    ("--jobs", "0", "an integer > 0"), ("--nproc_per_node", "-2", "an integer > 0"),
+    ("--nodes", "0", "an integer > 0"), ("--array_limit", "-1", "an integer >= 0")])
+def test_launcher_counts_must_be_positive(option, value, rule, capsys):
+    with pytest.raises(SystemExit):
+        sweep.main(["run", "--grid", "paper", "--out", "x", option, value, "--dry_run"])
+    assert f"argument {option}: {value} is invalid; give {rule}" in capsys.readouterr().err
+
+
+def test_out_that_cannot_hold_run_folders_is_refused_in_one_sentence(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.access(read_only, os.W_OK):  # root writes anyway: use a read-only mount if there is one
+        read_only = Path("/proc/sys")
+        if os.access(read_only, os.W_OK):
+            pytest.skip("no folder here that this process cannot write to")
+    for out, message in ((a_file, f"--out {a_file} is a file; give a folder"),
+                         (a_file / "sub", f"--out {a_file / 'sub'} lies under the file {a_file}; "
+                                          f"give a folder"),
+                         (read_only / "sweep", f"--out {read_only / 'sweep'} cannot be written "
+                                               f"({read_only} is read-only); give another --out")):
+        for launcher in (["--dry_run"], ["--launcher", "slurm"], []):
+            with pytest.raises(SystemExit) as error:
+                sweep.main(["run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3",
+                            "--heads", "baseline", "--out", str(out), *launcher])
+            assert str(error.value) == f"sweep run: {message}"
+    assert a_file.read_text() == "not a folder"
+
+
+def test_table_and_plot_refuse_nonsense_in_a_csv_or_l0(tmp_path, capsys):
+    header, *lines = REFERENCE.read_text().splitlines()
+    first = lines[0].split(",")  # 16M,3e-04,baseline,,false,3.961,...
+    columns = header.split(",")
+    for column, value, rule in (("lr", "0", "a finite number > 0"),
+                                ("lr", "nan", "a finite number > 0"),
+                                ("lr", "-3e-4", "a finite number > 0"),
+                                ("test_loss", "-0.5", "≥ 0 (a cross-entropy; NaN or empty if "
+                                                      "diverged)"),
+                                ("train_time_s", "-1", "≥ 0")):
+        row = list(first)
+        row[columns.index(column)] = value
+        bad = tmp_path / "bad.csv"
+        bad.write_text("\n".join([header, *lines[1:5], ",".join(row)]) + "\n")
+        for command in ("table", "plot"):
+            with pytest.raises(SystemExit) as error:
+                sweep.main([command, str(bad)])
+            assert str(error.value) == (f"sweep {command}: {bad} line 6: {column} is {value}, "
+                                        f"but it must be {rule}")
+    for l0 in ("-1", "nan", "0"):
+        with pytest.raises(SystemExit):
+            sweep.main(["table", str(REFERENCE), "--l0", l0, "--out", str(tmp_path)])
+        assert f"argument --l0: {l0} is invalid; give a finite number > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as error:
+        sweep.main(["table", str(tmp_path)])
+    assert str(error.value) == (f"sweep table: {tmp_path} is a folder; give the results CSV in it "
+                                f"({tmp_path / 'results.csv'}, made by `python sweep.py collect "
+                                f"{tmp_path}`)")
+    assert not list(tmp_path.glob("table.*")) and not list(tmp_path.glob("*.png"))
+
+
+def test_dry_run_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`sweep.py run --dry_run | head` used to end in a BrokenPipeError traceback."""
+    command = [sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "paper", "--seeds", "0",
+               "1", "2", "--out", str(tmp_path), "--dry_run"]  # 1050 lines: more than a pipe holds
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"sweep: 1050 runs in the grid, 0 finished")
+    proc.stdout.close()  # what head does after its lines
+    assert proc.stderr.read() == b"" and proc.wait() == 128 + signal.SIGPIPE
+
+
+def test_an_interrupt_outside_the_runs_ends_in_one_line(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the table is being made
+    monkeypatch.setattr(report, "read_results", interrupted)
+    assert sweep.main(["table", str(REFERENCE)]) == 130
+    assert capsys.readouterr().err == "sweep table: interrupted\n"
+
+
 # ---- run folders made by hand -----------------------------------------------------------------
 
 def write_run(root, size, head, lr, val_loss, init_loss=10.8, diverged=False, lam=None,
@@ -310,6 +407,72 @@ def test_plot_writes_png_and_pdf_beside_the_paper(hand_made_runs, tmp_path):
         assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
     assert not list(out.glob(".*"))
+
+
+# ---- finished runs count only with the settings asked ----------------------------------------
+
+def dry_run(out, *train_args, lrs=("1e-3",)):
+    """The first line of a dry run of one tiny baseline run per learning rate, in out."""
+    argv = ["run", "--grid", "custom", "--sizes", "tiny", "--heads", "baseline", "--lrs", *lrs,
+            "--out", str(out), "--dry_run", *train_args]
+    return sweep.main(argv)
+
+
+def test_a_finished_run_of_other_settings_is_refused_not_reused(tmp_path, capsys):
+    """Rerunning a finished sweep with other --steps/--seq_len used to report '1 finished, 0 to
+    do' and keep the old result."""
+    write_run(tmp_path, "tiny", "baseline", 1e-3, 6.0, steps=50, seq_len=32, data="shards",
+              compile=False)
+    assert dry_run(tmp_path, "--steps", "50", "--seq_len", "32", "--data", "./shards/") == 0
+    assert "1 runs in the grid, 1 finished, 0 to do" in capsys.readouterr().out
+    # when it logs, saves or stops does not change the result; "auto" is what train.py resolves
+    assert dry_run(tmp_path, "--steps=50", "--log_every", "7", "--save_every", "9",
+                   "--device", "auto") == 0
+    assert "1 finished, 0 to do" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as error:
+        dry_run(tmp_path, "--steps", "60", "--seq_len", "32", "--steps", "70", "--seq_len", "64")
+    assert str(error.value) == (
+        f"sweep run: 1 run folder(s) in {tmp_path} hold runs of other settings than asked (e.g. "
+        f"tiny_baseline_lr0.001_tie0: steps 50 there, 70 asked; seq_len 32 there, 64 asked), so "
+        f"they cannot count as finished; give another --out for these settings, or move those "
+        f"folders away to redo them")
+    for other in (["--device", "cuda"], ["--data", "other"], ["--compile"]):
+        with pytest.raises(SystemExit, match="1 run folder"):
+            dry_run(tmp_path, *other)
+    (tmp_path / "tiny_baseline_lr0.001_tie0" / "config.json").unlink()  # not train.py's folder
+    with pytest.raises(SystemExit, match="tie0: no config.json beside its summary.json\\)"):
+        dry_run(tmp_path)
+
+
+def test_the_proxy_sweeps_finished_runs_stay_finished(tmp_path, capsys):
+    """tests/data/proxy_config.json is the config.json train.py wrote for a run of the proxy
+    grid (numbers as JSON numbers, --dtype and --data as given): the same grid finds it."""
+    folder = tmp_path / "tiny_baseline_lr0.03_tie0_float32_seed0"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((REFERENCE.parent / "proxy_config.json").read_bytes())
+    (folder / "summary.json").write_text("{}")
+    argv = ["run", "--grid", "proxy", "--heads", "baseline", "--tie", "false", "--lrs", "0.03",
+            "--dtypes", "float32", "--out", str(tmp_path), "--dry_run"]
+    assert sweep.main(argv) == 0
+    assert capsys.readouterr().out == "sweep: 1 runs in the grid, 1 finished, 0 to do\n"
+    with pytest.raises(SystemExit, match=r"float32_seed0: eval_tokens 8192 there, 4096 asked\)"):
+        sweep.main(argv + ["--eval_tokens", "4096"])
+
+
+def test_every_distinct_value_gets_its_own_folder(tmp_path, capsys):
+    """--lrs 1e-3 1.0000001e-3 used to map both runs to lr0.001 and train only one."""
+    runs = sweep.expand_grid("custom", ["tiny"], [1e-3, 1.0000001e-3, 1 / 3], ["z_loss"],
+                             lams=[1e-4, 1.00000001e-4])
+    assert sorted(run.name for run in runs) == sorted(
+        f"tiny_z_loss_lr{lr}_tie0_lam{lam}" for lr in ("0.001", "0.0010000001", "0.3333333333333333") for lam in ("0.0001", "0.000100000001"))
+    assert all(float(sweep.short(x)) == x for x in (1 / 3, 0.1 + 0.2, 3e-4, 1e2, 5e-324))
+    assert [sweep.short(x) for x in (3e-4, 1e-7, 1e2, 1.0, 30.0)] == [
+        f"{x:g}" for x in (3e-4, 1e-7, 1e2, 1.0, 30.0)]  # where :g is exact, names stay as they were
+    write_run(tmp_path, "tiny", "baseline", 1e-3, 6.0)
+    assert dry_run(tmp_path, lrs=("1e-3", "1.0000001e-3")) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "sweep: 2 runs in the grid, 1 finished, 1 to do"
+    assert printed[1].endswith(f"--out_dir {tmp_path / 'tiny_baseline_lr0.0010000001_tie0'}")
 
 
 # ---- SLURM ------------------------------------------------------------------------------------
