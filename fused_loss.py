@@ -26,12 +26,13 @@ import torch.nn.functional as F
 
 import heads
 
-# Tokens per chunk of the default path, per device type; 0 = the plain path. CPU: measured by
-# `bench.py --loss_tokens 1024` (small chunks keep the C × V buffer in cache; 32-128 are within
-# noise, 16 and 1024 slower). CUDA: not measured here; the plain path, which torch.compile fuses,
-# is the default until bench.py / scripts/gpu_bench.sh show a chunked one is faster there.
+# Tokens per chunk of the default path, per device type; 0 = the plain path. CPU: measured with
+# `bench.py --no_train --loss_tokens 1024` (1 thread, V = 50304): 32 to 256 tokens are within
+# noise of each other and ~1.8× faster than the plain path. CUDA: not measured yet; the plain
+# path, whose softmax torch.compile fuses, stays the default there until scripts/gpu_bench.sh
+# shows a chunked path is faster.
 DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
-CHUNK_SIZE = 1024  # tokens per chunk when --loss_chunk is not given a number: bench.py's default
+CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
 TORCH_OP = hasattr(F, "linear_cross_entropy")  # torch ≥ 2.13
 PLAIN_CE_HEADS = ("baseline", "mu_loss", "mu_center")  # nothing but CE inside the softmax
 

@@ -14,8 +14,7 @@ V rows, padded rows included) and l̄ = (1/V) Σᵢ lᵢ the mean logit (Eq. 8).
 Lemma 1 (mean logit = μ·h).  l̄ = (1/V) Σᵢ eᵢ·h = ((1/V) Σᵢ eᵢ)·h = μ·h   (linearity)
 Lemma 2 (logit range).  |lⱼ| = |eⱼ·h| ≤ ‖eⱼ‖·‖h‖ ≤ maxᵢ‖eᵢ‖·‖h‖   (Cauchy–Schwarz); attained
     for the worst unit h, only an upper bound for a given h (see Theorem 4 at `b_ratio`).
-So a common shift μ of all rows (anisotropy) moves every logit of a token by μ·h, and the row
-norms bound how far logits can go: the motivation for centering the output embeddings.
+So a common shift μ of all rows moves every logit of a token by μ·h: the motivation for centering.
 
 Variants (`HEADS`; each class carries its hyperparameters and their defaults):
     baseline   loss = CE
@@ -24,12 +23,10 @@ Variants (`HEADS`; each class carries its hyperparameters and their defaults):
     mu_loss    loss = CE + λ·μ·μ
     mu_center  loss = CE; after each optimizer step eᵢ ← eᵢ − μ
 
-Numerics: the matmul may run in bf16 (autocast, or bf16 h / weight); the logits are upcast and
-softmax, log Z, CE and the regularisers run in float32 (float64 stays float64). CE is the mean
-over tokens whose target is not -1 (IGNORE), and 0 over no tokens, so a fully masked micro-batch
-gives no NaN. Target ids must lie in [0, V) or be -1; they are not checked here (a device sync).
-`head.loss_path` (None: the plain path of Head.forward) may name another function with the same
-result, e.g. fused_loss.py's chunked one, which never holds the N × V logits.
+Numerics: the matmul may run in bf16 (autocast, or bf16 inputs); softmax, log Z, CE and the
+regularisers run in float32 (float64 stays float64). CE is the mean over tokens whose target is
+not -1 (IGNORE), 0 over no tokens (no NaN); ids are not checked here (that needs a device sync).
+`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path.
 """
 import math
 
@@ -131,16 +128,13 @@ class SoftCap(Head):
 class ZLoss(Head):
     """z-loss (PaLM, Eq. 4–5): loss = CE + λ·mean over kept tokens of log²Z, Z = Σⱼ exp(lⱼ).
 
-    It pulls log Z towards 0 (Z towards 1). When is it symmetric, L_z(l) = L_z(−l)?
-        log²Z(l) = log²Z(−l)  ⇔  log Z(l) = log Z(−l)  or  log Z(l) = −log Z(−l).
-    The second would need Z(l)·Z(−l) = Σⱼ Σₖ exp(lⱼ − lₖ) = 1, but its V diagonal terms are
-    already 1 each: impossible for V ≥ 2. The first is Σⱼ exp(lⱼ) = Σⱼ exp(−lⱼ), i.e.
-        Σⱼ sinh(lⱼ) = 0,
-    which symmetric logits satisfy, but so do others (l = (asinh 2, −asinh 1, −asinh 1)). In
-    general it is not symmetric (Eq. 17–18): with the others fixed, S = Σ_{j≠i} exp(lⱼ) > 0,
-    log²(exp(lᵢ) + S) grows like lᵢ² as lᵢ → +∞ but tends to log²S as lᵢ → −∞; e.g. S = 1:
-    log²(e² + 1) ≈ 4.52 but log²(e⁻² + 1) ≈ 0.016. A positive divergence is penalised, a
-    negative one (all logits → −∞, Z → 0) only once every logit diverges (App. D).
+    It pulls log Z towards 0 (Z towards 1). Symmetric, L_z(l) = L_z(−l), means log Z(l) =
+    ±log Z(−l). The − sign needs Z(l)·Z(−l) = Σⱼ Σₖ exp(lⱼ − lₖ) = 1, impossible for V ≥ 2 (its
+    V diagonal terms are 1 each); the + sign is Σⱼ exp(lⱼ) = Σⱼ exp(−lⱼ), i.e. Σⱼ sinh(lⱼ) = 0:
+    true for symmetric logits and others (l = (asinh 2, −asinh 1, −asinh 1)), false in general
+    (Eq. 17–18): with S = Σ_{j≠i} exp(lⱼ) fixed, log²(exp(lᵢ) + S) grows like lᵢ² as lᵢ → +∞ but
+    tends to log²S as lᵢ → −∞ (S = 1: log²(e² + 1) ≈ 4.52, log²(e⁻² + 1) ≈ 0.016). A positive
+    divergence is penalised, a negative one only once every logit diverges (App. D).
     """
     name, hparams = "z_loss", {"lam": 1e-4}  # λ of Eq. 5
     uses_log_z = True
@@ -152,13 +146,11 @@ class ZLoss(Head):
 class MuLoss(Head):
     """μ-loss (Eq. 15–16): loss = CE + λ·μ·μ, μ = (1/V) Σᵢ eᵢ over all V rows.
 
-    Gradient on each row: ∂μ/∂eᵢ = (1/V)·I, so ∂(λ μ·μ)/∂eᵢ = 2λμ/V for every i: the same
-    vector for every row. Under SGD a step moves all rows by −η·2λμ/V, i.e. it shrinks μ itself
-    (μ ← μ(1 − 2ηλ/V)) and leaves the centred rows eᵢ − μ alone: an approximate μ-centering.
-    Under Adam it is not uniform: each element's step is its first moment over the root of its
-    own second moment, and the second moment is dominated by CE's gradient, which differs per
-    row; rows with little gradient history (rare tokens) move most. Quadratic in μ, so
-    invariant under μ → −μ, and by Lemma 1 under l̄ → −l̄ (Table 1, symmetric).
+    ∂μ/∂eᵢ = (1/V)·I, so ∂(λ μ·μ)/∂eᵢ = 2λμ/V: the same vector for every row. Under SGD a step
+    moves all rows by −η·2λμ/V: μ ← μ(1 − 2ηλ/V), the centred rows eᵢ − μ stay (an approximate
+    μ-centering). Under Adam the pull is not uniform: each element's step is divided by the root
+    of its own second moment, set mostly by CE's gradient, which differs per row; rows with
+    little gradient history (rare tokens) move most. Quadratic in μ: symmetric (Table 1).
     """
     name, hparams = "mu_loss", {"lam": 1e-4}  # λ of Eq. 16
 
@@ -175,13 +167,12 @@ class MuCenter(Head):
     (ii) std unchanged:  l*ᵢ = eᵢ·h − μ·h = lᵢ − l̄ (Lemma 1): every logit of a token moves by
          the same l̄, and σ² = (1/V) Σᵢ (lᵢ − l̄)² is shift-invariant.
     (iii) softmax and loss unchanged:  exp(lᵢ − l̄) / Σⱼ exp(lⱼ − l̄) = pᵢ.  ∎
-    Untied, (iii) makes centering a no-op for the predictions in exact arithmetic: the loss is
-    invariant to a common shift of the rows, so are its gradients, and so are AdamW's update,
-    clipping and decoupled weight decay (the decay of a shift is a shift); the centred run
-    follows the baseline's trajectory exactly, with every row moved by the same vector. What
-    changes is μ (now 0) and the common offset l̄ = μ·h of each token's logits (now 0), and
-    those cost precision in bf16 (see precision_stat_sums). Tied, subtracting μ also shifts
-    every input embedding, so it changes the model's function.
+    Untied, (iii) makes centering a no-op for the predictions in exact arithmetic: loss and
+    gradients are invariant to a common shift of the rows, and so are AdamW's update, clipping
+    and decoupled weight decay (a decayed shift is a shift), so the run follows the baseline's
+    trajectory exactly, every row moved by one vector. What changes is μ and each token's
+    common offset l̄ = μ·h (both now 0), which cost precision in bf16 (precision_stat_sums).
+    Tied, subtracting μ also shifts every input embedding: it changes the model's function.
     """
     name = "mu_center"
 
@@ -251,21 +242,15 @@ PRECISION_STATS = ("prec_ce_gap", "prec_err_cast", "prec_err_round")  # order of
 def precision_stat_sums(head, h, weight, targets, dtype):
     """What the LM head loses to a matmul in `dtype` (bf16 under autocast), summed over the N
     tokens of h (N, D) with targets (N,) ≠ -1, as float64 in the order of PRECISION_STATS,
-    followed by the token count. Three versions of one token's logits:
-        l⁰ = W·h           exact: float64 products of the float32 weights and hidden state
-        lᶜ = ⌊W⌋·⌊h⌋       W and h rounded to `dtype` (⌊·⌋), then exact float64 products
-        lʳ = ⌊⌊W⌋·⌊h⌋⌋     what the head runs: the matmul in `dtype`, its result rounded too
-    and, with σ = std over i of l⁰ᵢ (the informative spread of the logits),
-        prec_err_cast  = rms_i(lᶜᵢ − l⁰ᵢ) / σ    rounding of the inputs: a row eᵢ = μ + (eᵢ − μ)
-                         is stored with a spacing set by its largest coordinates, so a large
-                         common shift μ drowns the rows' informative part eᵢ − μ
-        prec_err_round = rms_i(lʳᵢ − lᶜᵢ) / σ    rounding of the result: bf16 keeps 8 significant
-                         bits, so a logit far from 0 (a large common offset l̄ = μ·h, Lemma 1)
-                         is stored coarsely
-        prec_ce_gap    = CE(lʳ) − CE(l⁰)         what the loss pays for both (signed)
-    CE goes through the head's own capping, so soft_cap is measured as it trains. In float32
-    all three are ~1e-7, in bf16 ~1e-3 for a well-centred head; μ-centering sets μ = 0 and
-    l̄ = 0, which removes the part of both errors that the common shift causes."""
+    followed by the token count. With l⁰ = W·h exact (float64 products of the float32 inputs),
+    lᶜ = ⌊W⌋·⌊h⌋ (inputs rounded to `dtype`, exact products), lʳ = ⌊⌊W⌋·⌊h⌋⌋ (the matmul the
+    head runs, its result rounded too) and σ = std over i of l⁰ᵢ:
+        prec_err_cast  = rms_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: a row eᵢ = μ + (eᵢ − μ) is stored
+                         at a spacing set by its largest coordinates, so a large μ drowns eᵢ − μ
+        prec_err_round = rms_i(lʳᵢ − lᶜᵢ)/σ   result rounding: bf16 keeps 8 significant bits, so
+                         a large common offset l̄ = μ·h (Lemma 1) is stored coarsely
+        prec_ce_gap    = CE(lʳ) − CE(l⁰)      what the loss pays for both (through the cap)
+    ~1e-7 in float32, ~1e-3 in bf16 for a well-centred head; μ = 0 removes the shift's part."""
     f64 = torch.float64
     exact = h.float().to(f64) @ weight.float().to(f64).t()
     h_low, w_low = h.float().to(dtype), weight.float().to(dtype)
