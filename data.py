@@ -448,7 +448,7 @@ def make_folder(path):
 
 
 # ----------------------------------------------------------------------------- writing a dataset
-def write_dataset(out_dir, prefix, splits, source, extras=None):
+def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards of ≤ SHARD_TOKENS each,
     plus `extras` {name: bytes}, as one unit with its manifest. Returns the shard paths.
 
@@ -457,10 +457,13 @@ def write_dataset(out_dir, prefix, splits, source, extras=None):
     the marker is written, the new files are renamed over the old ones (stale ones removed),
     the manifest is written, the marker removed. A failure before that leaves the old
     dataset untouched; a kill during it leaves the marker, which every reader refuses.
-    Shards of another source in out_dir are refused: the loader would mix them in."""
+    Shards of another source in out_dir are refused: the loader would mix them in. With
+    replace=False an existing dataset is never touched: FileExistsError instead."""
     out_dir = Path(out_dir)
     fresh = not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir()))
     if not fresh:
+        if not replace:
+            raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
         _refuse_foreign_shards(out_dir, prefix)
     staging = _staging_folder(out_dir.parent if fresh else out_dir, out_dir.name)
     try:
@@ -660,7 +663,7 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
     folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
     if not folder.exists():
         try:
-            _write_text_dataset(files, texts, folder, val_fraction, workers)
+            _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
         except FileExistsError:
             pass                               # a concurrent run wrote the same folder
     recorded = (read_manifest(folder) or {}).get("source", {}).get("key")
@@ -678,13 +681,14 @@ def _text_key(texts, val_fraction):
     return hashlib.sha256(description.encode()).hexdigest()
 
 
-def _write_text_dataset(files, texts, out_dir, val_fraction, workers):
+def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=True):
     t0 = time.perf_counter()
     tokens = tokenize_texts(texts, workers)
     seconds = time.perf_counter() - t0
     source = {"kind": "text", "files": [str(f) for f in files], "tokenizer": "gpt2",
               "val_fraction": val_fraction, "key": _text_key(texts, val_fraction)}
-    written = write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source)
+    written = write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
+                            replace=replace)
     print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
           f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
     return written

@@ -642,3 +642,20 @@ except RuntimeError as err:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("tokenizing text needs tiktoken, which is not installed; "
                                    "run `pip install tiktoken`")
+
+
+def test_two_runs_caching_the_same_text_at_once_share_one_folder(tmp_path, monkeypatch):
+    text = tmp_path / "story.txt"
+    text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
+    real, calls, theirs = data.tokenize_texts, [], {}
+
+    def meanwhile_another_run_finishes(texts, workers=None):
+        calls.append(1)
+        if len(calls) == 1:                                 # the other run, while we tokenize
+            other = data.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
+            theirs.update({p.name: p.stat().st_ino for p in other.iterdir()})
+        return real(texts, workers)
+    monkeypatch.setattr(data, "tokenize_texts", meanwhile_another_run_finishes)
+    folder = data.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
+    assert len(calls) == 2 and [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
+    assert {p.name: p.stat().st_ino for p in folder.iterdir()} == theirs  # used, not replaced
