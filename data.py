@@ -511,11 +511,11 @@ def _staging_folder(parent, name):
 
 def _running(pid):
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)                        # signal 0 only asks whether it exists
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:                    # it exists, run by another user
+        pass
     return True
 
 
