@@ -1,29 +1,36 @@
-"""Speed and memory of the training step: tokens/s, MFU, peak memory and each head's overhead.
+"""Speed and memory of the training step and of the LM head's loss path.
 
     python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
-    python bench.py --sizes 16M 221M --loss_impl both --json out/bench.json   # one GPU
+    python bench.py --sizes 16M 221M --loss_paths plain default chunked --json out/bench.json
+    python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
 
-For every size and head (and loss path: plain = heads.py's reference, chunked = heads.chunked_loss)
+For every size, head and loss path (plain: heads.py's reference; default: what train.py runs on
+this device; chunked: fused_loss.chunked_loss with --chunk_size, our own loop for every head)
 this builds the model, optimizer, autocast and torch.compile setting exactly as train.py does and
 times train.train_step on synthetic tokens: warm-up steps first (compilation), then --steps timed
 steps with a device sync before and after each. All variants of a size live in one process and
 take turns, one step each, in an order that rotates every round, so clock and thermal drift fall
 on all of them alike. Reported per variant: the median step time, tokens/s, MFU (FLOPs counted
 by model.flops_per_token, attention and the LM head included, against the device's dense bf16
-peak from train.py; none on CPU), the peak memory of the step, and the overhead of the head
+peak from train.py; none on CPU), the peak memory of a step, and the overhead of the head
 relative to the baseline with the same loss path (Table 2 iii of the paper).
 
 Peak memory of a step is the most it holds at once above what was held before it (weights and
-optimizer state of every model in the process): activations, logits and gradients. On CUDA it
-comes from torch.cuda.max_memory_allocated; on Linux CPUs from the resident-set high-water mark
-(VmHWM, reset through /proc/self/clear_refs), i.e. peak RSS growth, which also counts allocator
-slack (page granularity); elsewhere it is not measured (null). On a shared, busy CPU run with
-OMP_NUM_THREADS=1: waiting OpenMP threads otherwise make small steps up to 100× slower.
+optimizer state of every model in the process): activations, logits and gradients, measured in
+one extra untimed run. On CUDA it comes from torch.cuda.max_memory_allocated; on Linux CPUs from
+the resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs) after glibc's free
+heap is handed back, i.e. peak RSS growth, which also counts allocator slack (page granularity);
+elsewhere it is not measured (null). On a shared, busy CPU run with OMP_NUM_THREADS=1: waiting
+OpenMP threads otherwise make small steps up to 100× slower.
 
---loss_tokens N also times the LM head alone: forward + backward of head(h, W, targets) on N
-tokens at each size's width D and the vocabulary V, for both loss paths, with its peak memory.
+--loss_tokens N also times the LM head alone, forward + backward on N tokens at each size's width
+D and vocabulary V: our paths next to the anchors F.cross_entropy(F.linear(·)), torch's
+F.linear_cross_entropy and, on CUDA where installed, Liger Kernel's and Cut Cross-Entropy's fused
+linear CE (optional imports, never a dependency), with the errors of loss and gradients against
+heads.py in float64.
 """
 import argparse
+import ctypes
 import functools
 import re
 import statistics
@@ -101,44 +108,47 @@ def _rss_kib(field):
         return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
 
 
-class PeakMemory:
-    """with PeakMemory(device) as m: work()  →  m.bytes = peak allocation above the start, or
-    None where it cannot be measured (a CPU without Linux's /proc)."""
+def _release_free_heap():
+    """Give memory that glibc's malloc keeps after a free back to the OS, so that reusing it
+    shows in the resident set again (without this a chunk buffer reused from the heap reads as
+    0 bytes). No-op without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
-    def __init__(self, device):
-        self.device, self.bytes = device, None
 
-    def __enter__(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.start = torch.cuda.memory_allocated(self.device)
-        elif Path("/proc/self/clear_refs").exists():
-            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-            self.start = _rss_kib("VmRSS")
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.start
-        elif Path("/proc/self/clear_refs").exists():
-            self.bytes = 1024 * (_rss_kib("VmHWM") - self.start)
+def peak_memory(device, work):
+    """Peak memory of one run of work() above what was held when it started, in bytes, or
+    None where it cannot be measured (a CPU without Linux's /proc). Measured apart from the
+    timed runs: on CPU it first releases the free heap, which makes the next run cold."""
+    train.sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        work()
+        train.sync(device)
+        return torch.cuda.max_memory_allocated(device) - start
+    if not Path("/proc/self/clear_refs").exists():
+        return None
+    _release_free_heap()
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    start = _rss_kib("VmRSS")
+    work()
+    return 1024 * (_rss_kib("VmHWM") - start)
 
 
 def timed(device, work):
-    """(seconds, peak bytes) of work(), between device syncs."""
+    """Seconds of work(), between device syncs."""
     train.sync(device)
-    with PeakMemory(device) as memory:
-        start = time.perf_counter()
-        work()
-        train.sync(device)
-        seconds = time.perf_counter() - start
-    return seconds, memory.bytes
+    start = time.perf_counter()
+    work()
+    train.sync(device)
+    return time.perf_counter() - start
 
 
 def round_robin(variants, run_once, steps):
-    """Each variant's list of (seconds, bytes) over `steps` rounds of one run each; the order
+    """Each variant's list of run_once(variant) over `steps` rounds of one run each; the order
     rotates every round, so no variant always runs first or after the same neighbour."""
     results = {v: [] for v in variants}
     for r in range(steps):
@@ -146,13 +156,6 @@ def round_robin(variants, run_once, steps):
         for v in variants[shift:] + variants[:shift]:
             results[v].append(run_once(v))
     return results
-
-
-def summarize(samples):
-    """Median time and the largest peak memory of a variant's samples."""
-    seconds = statistics.median(s for s, _ in samples)
-    peaks = [b for _, b in samples if b is not None]
-    return seconds, (max(peaks) if peaks else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,11 +210,12 @@ def bench_size(args, size):
             variant.run_step()
     samples = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
                           args.steps)
+    peaks = {key: peak_memory(device, variant.run_step) for key, variant in variants.items()}
     peak = train.peak_flops(device, args.dtype)
     tokens = args.micro_batch * args.seq_len
     rows = []
     for (head, impl), variant in variants.items():
-        seconds, peak_bytes = summarize(samples[head, impl])
+        seconds, peak_bytes = statistics.median(samples[head, impl]), peaks[head, impl]
         flops_per_token = variant.raw.flops_per_token(args.seq_len)
         rows.append({"size": size, "head": head, "loss_impl": impl,
                      "params": variant.raw.num_params(), "flops_per_token": flops_per_token,
@@ -351,14 +355,14 @@ def bench_loss_path(args, size):
             for _ in range(args.warmup):
                 works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
-    torch_op = summarize(samples["baseline", "F.linear_ce"])[0] if ("baseline", "F.linear_ce") \
-        in samples else None
+    peaks = {key: peak_memory(device, work) for key, work in works.items()}
+    seconds = {key: statistics.median(timings) for key, timings in samples.items()}
+    torch_op = seconds.get(("baseline", "F.linear_ce"))
     rows = []
-    for (name, path), timings in samples.items():
-        seconds, peak_bytes = summarize(timings)
+    for (name, path), peak_bytes in peaks.items():
         rows.append({"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
-                     "loss_impl": path, "time_s": seconds, "peak_mem_bytes": peak_bytes,
-                     "vs_torch_op": seconds / torch_op if torch_op else None,
+                     "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
+                     "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
                      "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]})
     add_relative(rows, "time_s")
     return rows
