@@ -651,6 +651,8 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     assert all((out / "logs" / f"{n}.log").exists() for n in restarted)
     third = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     assert "4 finished, 0 to do" in third.stdout and not started(third.stdout)
+    with pytest.raises(SystemExit, match="4 run folder.* steps 10 there, 12 asked\\)"):
+        sweep.main(command[2:] + ["--steps", "12", "--dry_run"])  # train.py's own config.json
 
     results_csv = str(out / "results.csv")
     for argv in (["collect", str(out)], ["table", results_csv], ["plot", results_csv]):
