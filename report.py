@@ -12,13 +12,15 @@ i.e. they average over the learning rates other than the best one; that is the d
 our numbers compare with the paper's, and mean="literal" gives Eq. 22 as written, (n_η−1)/n_η
 times as large. Additional training time = a variant's mean train time / the baseline's − 1.
 
-The input is a results CSV, one row per run (`python sweep.py collect` writes one; the paper's
-published runs are another); the output is Markdown and CSV text (Tables 2, 3 and 6) and
-matplotlib figures (Figs. 2/8, 3 and 4). Writing files is the caller's (sweep.py table/plot).
-report.py imports nothing of this project.
+The input is a results CSV, one row per run: results_csv() makes one from train.py's run folders
+(their summary.json), and the paper's published runs are another. The output is Markdown and CSV
+text (Tables 2, 3 and 6) and matplotlib figures (Figs. 2/8, 3 and 4, and curves over training).
+Writing files is the caller's (sweep.py collect/table/plot/curves). report.py imports nothing
+of this project.
 """
 import csv
 import io
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +174,79 @@ def variant_label(variant, show_lam=False):
 
 
 # -----------------------------------------------------------------------------
+# collecting: train.py's run folders -> one results CSV, and a run's log
+
+RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
+                  "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
+                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "steps",
+                  "tokens", "train_time_s", "run")
+
+
+def csv_cell(value):
+    """A value as a CSV cell: empty for None, true/false, floats in full (repr)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value!r}" if isinstance(value, float) else str(value)
+
+
+def result_row(summary_path, root):
+    """One results.csv row from a run's summary.json (train.py's names; settings it lacks are
+    taken from the run's config.json)."""
+    summary = json_object(summary_path)
+    needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
+    missing = [key for key in needed if key not in summary]
+    if missing:
+        raise ValueError(f"{summary_path} lacks {', '.join(missing)}; it was not written by "
+                         f"this project's train.py")
+    config_path = Path(summary_path).with_name("config.json")
+    config = json_object(config_path) if config_path.exists() else {}
+    row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
+    row["test_loss"] = summary["val_loss"]  # the paper's "test loss" is our validation split
+    row["mean_log2Z"] = summary.get("log2Z")  # named as in the published table
+    row["run"] = str(Path(summary_path).parent.relative_to(root))
+    return {column: csv_cell(value) for column, value in row.items()}
+
+
+def json_object(path):
+    """The dict a JSON file holds; anything else is refused in one sentence."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except ValueError:  # not UTF-8, not JSON
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a JSON object; it was not written by this project's "
+                         f"train.py")
+    return value
+
+
+def results_csv(run_root):
+    """Every summary.json under run_root -> the text of a CSV with one row each."""
+    run_root = Path(run_root)
+    summaries = sorted(run_root.rglob("summary.json"))
+    if not summaries:
+        raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
+                                f"... --out {run_root}` first")
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(result_row(path, run_root) for path in summaries)
+    return buffer.getvalue()
+
+
+def read_log(run_dir):
+    """The records of a run's log.jsonl, in step order."""
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError:
+        raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
+
+
+# -----------------------------------------------------------------------------
 # reading a results CSV
 
 def read_results(path, l0=None, columns=TABLE_COLUMNS):
@@ -320,15 +395,6 @@ def markdown_report(cells, mean="published", l0=None):
 
 TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",
                      "lrs", "lrs_mean", "train_time_s", "extra_time")
-
-
-def csv_cell(value):
-    """A value as a CSV cell: empty for None, true/false, floats in full (repr)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f"{value!r}" if isinstance(value, float) else str(value)
 
 
 def table_csv(cells, mean="published"):

@@ -29,9 +29,6 @@ sweep.py talks to train.py through its command line and run folders only; it wri
 data.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
 """
 import argparse
-import csv
-import io
-import json
 import os
 import shlex
 import shutil
@@ -83,10 +80,6 @@ GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap
 # train.py settings that say when a run logs, saves or stops, not what it computes: a finished
 # run with other values of these still counts as finished
 SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")
-RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
-                  "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
-                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "steps",
-                  "tokens", "train_time_s", "run")
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 
@@ -248,9 +241,9 @@ def differences(run_dir, asked):
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
     try:
-        config = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return ["a config.json that is not JSON"]
+        config = report.json_object(config_path)
+    except ValueError:
+        return ["a config.json that is not a JSON object"]
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
             if name in config and not same_setting(name, value, config[name])]
 
@@ -501,37 +494,10 @@ def cmd_run(args, extra_args):
 # -----------------------------------------------------------------------------
 # collect: run folders -> results.csv
 
-def result_row(summary_path, root):
-    """One results.csv row from a run's summary.json (train.py's names; settings it lacks are
-    taken from the run's config.json)."""
-    summary = json.loads(Path(summary_path).read_text())
-    needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
-    missing = [key for key in needed if key not in summary]
-    if missing:
-        raise ValueError(f"{summary_path} lacks {', '.join(missing)}; it was not written by "
-                         f"this project's train.py")
-    config_path = Path(summary_path).with_name("config.json")
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
-    row["test_loss"] = summary["val_loss"]  # the paper's "test loss" is our validation split
-    row["mean_log2Z"] = summary.get("log2Z")  # named as in the published table
-    row["run"] = str(Path(summary_path).parent.relative_to(root))
-    return {column: report.csv_cell(value) for column, value in row.items()}
-
-
 def collect(run_root, out_csv=None):
-    """Every summary.json under run_root -> one CSV row each; written atomically."""
-    run_root = Path(run_root)
-    summaries = sorted(run_root.rglob("summary.json"))
-    if not summaries:
-        raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
-                                f"... --out {run_root}` first")
-    out_csv = Path(out_csv) if out_csv else run_root / "results.csv"
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(result_row(path, run_root) for path in summaries)
-    data.write_atomic(out_csv, buffer.getvalue())
+    """Every summary.json under run_root -> one results.csv row each, written atomically."""
+    out_csv = Path(out_csv) if out_csv else Path(run_root) / "results.csv"
+    data.write_atomic(out_csv, report.results_csv(run_root))
     return out_csv
 
 
@@ -571,20 +537,9 @@ def cmd_plot(args):
     return 0
 
 
-def read_log(run_dir):
-    """The records of a run's log.jsonl, in step order."""
-    path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except ValueError:
-        raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
-
-
 def cmd_curves(args):
     """Curves over training of a few runs (log.jsonl): report.CURVES vs step."""
-    fig = report.curves_figure({Path(run).name: read_log(run) for run in args.runs})
+    fig = report.curves_figure({Path(run).name: report.read_log(run) for run in args.runs})
     out = Path(args.out)
     for path in save_figure(fig, data.make_folder(out.parent), out.name):
         print(f"sweep: wrote {path}")

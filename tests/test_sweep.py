@@ -366,7 +366,7 @@ def test_collect_writes_one_row_per_finished_run(hand_made_runs):
     assert sweep.main(["collect", str(hand_made_runs)]) == 0
     with open(hand_made_runs / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == sweep.RESULT_COLUMNS
+    assert tuple(rows[0]) == report.RESULT_COLUMNS
     by_run = {r["run"]: r for r in rows}
     assert len(rows) == 6 and "tiny_mu_center_lr1_tie0" not in by_run
     diverged = by_run["tiny_baseline_lr0.1_tie0"]
@@ -377,6 +377,16 @@ def test_collect_writes_one_row_per_finished_run(hand_made_runs):
         "tiny", "baseline", "false", "", "false"]
     assert float(best["mean_log2Z"]) == 40.0 and float(best["mu_norm"]) == 300 * 1e-2
     assert not list(hand_made_runs.glob(".*tmp*"))  # the temp file was renamed, not left behind
+
+
+def test_collect_refuses_a_summary_that_is_not_train_pys(hand_made_runs):
+    (hand_made_runs / "tiny_mu_center_lr1_tie0" / "summary.json").write_text("{\"val_loss\": ")
+    with pytest.raises(SystemExit) as error:
+        sweep.main(["collect", str(hand_made_runs)])
+    assert str(error.value) == (f"sweep collect: {hand_made_runs}/tiny_mu_center_lr1_tie0/summary"
+                                f".json is not a JSON object; it was not written by this "
+                                f"project's train.py")
+    assert not (hand_made_runs / "results.csv").exists()
 
 
 def test_table_of_hand_made_runs(hand_made_runs):
