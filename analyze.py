@@ -65,17 +65,10 @@ def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 def theorem4_bounds(W: torch.Tensor) -> dict:
-    """The tight bounds of Eq. 12 for a V×D matrix W, and the dot products they bound.
-
-        ‖μ‖² − B₋ ≤ eᵢ·μ ≤ ‖μ‖² + B₊   with  B₋ = ‖μ‖² − minᵢ eᵢ·μ,  B₊ = maxᵢ eᵢ·μ − ‖μ‖²
-
-    Both B's are ≥ 0 because ‖μ‖² = μ·μ is the mean of the eᵢ·μ. B_ratio is Eq. 13."""
-    mu = W.mean(0)
-    dots = W @ mu
-    mu_sq = mu @ mu
-    return dict(mu_norm=mu_sq.sqrt().item(), mu_sq=mu_sq.item(),
-                B_minus=(mu_sq - dots.min()).item(), B_plus=(dots.max() - mu_sq).item(),
-                B_ratio=heads.b_ratio(W), dots=dots)
+    """‖μ‖, ‖μ‖², the tight bounds B₋, B₊ of Eq. 12 (heads.b_bounds) and B_ratio (Eq. 13)."""
+    b_minus, b_plus, mu_sq = heads.b_bounds(W)
+    return dict(mu_norm=math.sqrt(mu_sq), mu_sq=mu_sq, B_minus=b_minus, B_plus=b_plus,
+                B_ratio=heads.b_ratio(W))
 
 
 def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, targets: torch.Tensor,
@@ -392,8 +385,9 @@ def verify_theorem4(args) -> dict:
         V, D = theorem4.SCAN_SHAPE
         scan = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan, seed=args.seed))
         print_table([list(r.values()) for r in scan], list(scan[0]),
-                    f"B_ratio scan: {args.b_ratio_scan} random anisotropic {V}×{D} matrices "
-                    f"(generator: theorem4.b_ratio_scan), {theorem4.SCAN_HIDDEN} random h each; "
+                    f"B_ratio scan: {args.b_ratio_scan} random {V}×{D} matrices W = X·diag(a) "
+                    "+ c·m (X ~ N(0, 1), a ~ U(0, 2)ᴰ, c = 10^U(−1, 1), m ~ N(0, I)), "
+                    f"{theorem4.SCAN_HIDDEN} random h ~ N(0, I) each, seed {args.seed}; "
                     "larger_share = share of h with max|l*| > max|l| (Theorem 4 says 0 for "
                     "B_ratio ≤ 1, 1 above)")
         out["b_ratio_scan"] = scan
@@ -439,7 +433,6 @@ def run_logits(args) -> dict:
         precision += heads.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
                                                targets[rows], dtype).cpu()
     bounds = theorem4_bounds(W)
-    dots = bounds.pop("dots")
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   dtype=args.dtype,
                   **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
@@ -451,7 +444,7 @@ def run_logits(args) -> dict:
                 f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
                 f"{len(H)} tokens; prec_*: the head's matmul in {args.dtype} against float64")
     if args.plot:
-        plot_dot_histogram(dots.cpu().numpy(), bounds, args.bins, args.plot)
+        plot_dot_histogram((W @ W.mean(0)).cpu().numpy(), bounds, args.bins, args.plot)
     return result
 
 
