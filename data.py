@@ -452,15 +452,15 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards of ≤ SHARD_TOKENS each,
     plus `extras` {name: bytes}, as one unit with its manifest. Returns the shard paths.
 
-    Everything is first written complete into a staging folder. A new (or empty) out_dir
-    then appears in one rename. An existing dataset is replaced under an INCOMPLETE marker:
+    Everything is first written complete into a staging folder. An empty out_dir is then
+    replaced by it in one rename. An existing dataset is replaced under an INCOMPLETE marker:
     the marker is written, the new files are renamed over the old ones (stale ones removed),
     the manifest is written, the marker removed. A failure before that leaves the old
     dataset untouched; a kill during it leaves the marker, which every reader refuses.
     Shards of another source in out_dir are refused: the loader would mix them in. With
     replace=False an existing dataset is never touched: FileExistsError instead."""
-    out_dir = Path(out_dir)
-    fresh = not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir()))
+    out_dir = make_folder(out_dir)
+    fresh = not any(out_dir.iterdir())
     if not fresh:
         if not replace:
             raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
@@ -661,7 +661,7 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
     texts = read_texts(files)
     key = _text_key(texts, val_fraction)
     folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
-    if not folder.exists():
+    if not (folder / MANIFEST).exists():       # new, or another run is writing it now
         try:
             _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
         except FileExistsError:
