@@ -67,7 +67,8 @@ def parse_args(argv=None):
     a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
       help="heads to time (the baseline is always added: overheads are relative to it)")
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS,
-      metavar="PATH", help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
+      metavar="PATH",
+      help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
     a("--chunk_size", type=train.positive_int, default=fused_loss.CHUNK_SIZE,
       help="tokens per chunk of the chunked loss path")
     a("--steps", type=train.positive_int, default=STEPS, help="timed steps per variant")
@@ -351,7 +352,8 @@ def bench_loss_path(args, size):
     for name in args.heads:
         for path, loss_fn in loss_functions(name, args, device.type).items():
             errors[name, path] = errors_vs_float64(name, loss_fn, h, weight, targets, amp)
-            works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile else loss_fn)
+            compiled = torch.compile(loss_fn) if args.compile else loss_fn
+            works[name, path] = forward_backward(compiled)
             for _ in range(args.warmup):
                 works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)

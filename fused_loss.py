@@ -59,9 +59,10 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
     # Decided here: inside Function.forward grad mode is off and ctx.needs_input_grad is True
     # even under torch.no_grad(), so the Function would do a backward's work during evaluation.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    use_torch_op = ((TORCH_OP if torch_op is None else torch_op) and head.name in PLAIN_CE_HEADS
+                    and matmul_dtype in (torch.float32, torch.float64))
     with torch.autocast(h.device.type, enabled=False):  # the matmul dtype is chosen above
-        if (TORCH_OP if torch_op is None else torch_op) and head.name in PLAIN_CE_HEADS and matmul_dtype in (torch.float32,
-                                                                          torch.float64):
+        if use_torch_op:
             loss = ce = _torch_chunked_ce(h.to(matmul_dtype), weight.to(matmul_dtype), targets,
                                           chunk_size)
             reg = torch.zeros_like(ce)

@@ -33,7 +33,8 @@ def tiny_run(tmp_path_factory):
 def test_tiny_cpu_run_writes_every_variant_with_sane_values(tiny_run):
     result, _ = tiny_run
     rows = result["train"]
-    assert {(r["head"], r["loss_impl"]) for r in rows} == {(h, i) for h in heads.HEADS for i in PATHS}
+    assert {(r["head"], r["loss_impl"]) for r in rows} == \
+        {(h, i) for h in heads.HEADS for i in PATHS}
     tokens = 2 * 32
     for r in rows:
         assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(tokens / r["step_s"])
@@ -53,14 +54,16 @@ def test_tiny_cpu_run_measures_the_loss_path_alone_next_to_the_anchors(tiny_run)
     computes the head's loss; every one within float32 error of heads.py in float64."""
     result, stdout = tiny_run
     rows = result["loss_path"]
-    torch_op = {(h, "F.linear_ce") for h in fused_loss.PLAIN_CE_HEADS} if fused_loss.TORCH_OP else set()
+    torch_op = ({(h, "F.linear_ce") for h in fused_loss.PLAIN_CE_HEADS} if fused_loss.TORCH_OP
+                else set())
     assert {(r["head"], r["loss_impl"]) for r in rows} == \
         {(h, p) for h in heads.HEADS for p in PATHS + ["F.ce(F.linear)"]} | torch_op
     for r in rows:
         assert (r["tokens"], r["vocab"], r["dim"]) == (64, 256, 64) and r["time_s"] > 0
         assert r["loss_err"] < 1e-5 and r["grad_err"] < 1e-5, r
         if fused_loss.TORCH_OP:
-            baseline_op = next(x for x in rows if (x["head"], x["loss_impl"]) == ("baseline", "F.linear_ce"))
+            baseline_op = next(x for x in rows if x["head"] == "baseline"
+                               and x["loss_impl"] == "F.linear_ce")
             assert r["vs_torch_op"] == pytest.approx(r["time_s"] / baseline_op["time_s"])
     assert "Additional training time relative to baseline" in stdout
     assert "LM head alone" in stdout

@@ -120,7 +120,8 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
     calls = []
     if fused_loss.TORCH_OP:
         real = F.linear_cross_entropy
-        monkeypatch.setattr(F, "linear_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+        monkeypatch.setattr(F, "linear_cross_entropy",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
     h, w, targets = make_inputs(torch.float32)
     for name in heads.HEADS:
         fused_loss.chunked_loss(make_head(name), h, w, targets, chunk_size=8)

@@ -157,7 +157,8 @@ def test_z_loss_is_not_symmetric_eq_17_18():
 def test_z_loss_is_symmetric_exactly_when_the_sinh_of_the_logits_sum_to_zero():
     """ZLoss's derivation: L_z(l) = L_z(−l) ⇔ Σⱼ sinh(lⱼ) = 0, also for logits that are not
     symmetric, l = (asinh 2, −asinh 1, −asinh 1)."""
-    head, h, targets = heads.build("z_loss", lam=1.0), torch.ones(1, 1, dtype=F64), torch.tensor([0])
+    head = heads.build("z_loss", lam=1.0)
+    h, targets = torch.ones(1, 1, dtype=F64), torch.tensor([0])
     weight = torch.tensor([[math.asinh(2)], [-math.asinh(1)], [-math.asinh(1)]], dtype=F64)
     assert torch.sinh(weight).sum().abs() < 1e-15
     reg_plus, reg_minus = head(h, weight, targets)[1]["reg"], head(h, -weight, targets)[1]["reg"]
