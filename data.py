@@ -892,7 +892,7 @@ def download_shard(url, path, label=""):
             raise
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             if _size(part) == have or attempt == DOWNLOAD_RETRIES:
-                raise _download_error(url, err) from None
+                raise _download_error(url, err) from err   # __cause__: the network's reason
             continue                           # progress was made: resume from there
         expected = announced or expected
         if total is None or _size(part) >= total:
