@@ -415,6 +415,38 @@ def run_verify(args) -> dict:
     return result
 
 
+def bf16_spacing(x: float) -> float:
+    """The gap between neighbouring bf16 numbers at |x|: 8 significant bits, so 2^(⌊log₂|x|⌋−7)
+    (0.0625 at 10, 1 at 128, 8 at 1152: a logit stored there is known to ±half of it)."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 0.0
+
+
+def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor,
+                     dtype: torch.dtype, offsets, chunk: int) -> list[dict]:
+    """The finite-precision channel on its own: every output row shifted by one common vector
+    c (along the mean hidden state), sized so that the mean logit over the tokens becomes L.
+
+    In exact arithmetic the shift changes nothing: lᵢ = (eᵢ + c)·h = eᵢ·h + c·h moves every
+    logit of a token by the same c·h, and softmax is shift-invariant per token (the baseline's
+    drifting μ does exactly this; μ-centering undoes it). In `dtype` it changes the rounding:
+    the stored rows eᵢ + c and the logits near L. One row per L: the mean logit reached,
+    the spacing of bf16 there over the logits' spread σ, and heads.PRECISION_STATS."""
+    H64 = H.double()
+    direction = H64.mean(0) / H64.mean(0).norm()
+    along = (H64 @ direction).mean()  # mean over tokens of direction·h
+    base_mean = (H64 @ W.double().mean(0)).mean()  # l̄ now (Lemma 1: l̄ = μ·h)
+    sigma = torch.cat([(H64[rows] @ W.double().T).std(dim=1, correction=0)
+                       for rows in token_chunks(len(H), chunk)]).mean().item()
+    table = []
+    for target in offsets:
+        shifted = W + ((target - base_mean) / along * direction).to(W.dtype)
+        sums = sum(heads.precision_stat_sums(head, H[rows], shifted, targets[rows], dtype).cpu()
+                   for rows in token_chunks(len(H), chunk))
+        table.append(dict(offset=target, spacing_over_sigma=bf16_spacing(target) / sigma,
+                          **dict(zip(heads.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))))
+    return table
+
+
 def run_logits(args) -> dict:
     """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, B_ratio, Fig. 1 (right), and
     what the head's matmul in --dtype loses (heads.precision_stat_sums, as train.py logs it).
@@ -443,6 +475,13 @@ def run_logits(args) -> dict:
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
                 f"{len(H)} tokens; prec_*: the head's matmul in {args.dtype} against float64")
+    if args.offsets:
+        result["offsets"] = offset_precision(gpt.head, H, gpt.output_weight.detach(), targets,
+                                             dtype, args.offsets, args.chunk)
+        columns = ("offset", "spacing_over_sigma", *heads.PRECISION_STATS)
+        print_table([tuple(row[c] for c in columns) for row in result["offsets"]], columns,
+                    f"every output row shifted by one common vector so that the mean logit is "
+                    f"L (exact arithmetic: no change); the head's matmul in {args.dtype}")
     if args.plot:
         plot_dot_histogram((W @ W.mean(0)).cpu().numpy(), bounds, args.bins, args.plot)
     return result
@@ -621,6 +660,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     logits.add_argument("--bins", type=positive_int, default=DEFAULTS["bins"])
     logits.add_argument("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"],
                         help="the model's matmul dtype, as train.py --dtype")
+    logits.add_argument("--offsets", type=float, nargs="+", metavar="L",
+                        help="also shift every output row by one common vector so that the mean "
+                             "logit is L, and report what --dtype then loses (e.g. 0 100 1000)")
     sub.add_parser("bottleneck", parents=[measurement, model_source(required=True)],
                    help=run_bottleneck.__doc__)
     args = p.parse_args(argv)

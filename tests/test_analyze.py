@@ -293,6 +293,27 @@ def test_cli_logits_reports_what_the_matmul_dtype_loses(runs):
     assert bf16["prec_ce_gap"] != 0
 
 
+def test_bf16_spacing_is_a_unit_in_the_last_of_eight_significant_bits():
+    assert [analyze.bf16_spacing(x) for x in (10, 128, 1152, -1152, 0)] == [0.0625, 1, 8, 8, 0]
+    for x in (10.0, 300.0, 1152.0):  # the next bf16 number above x is x + spacing
+        above = torch.nextafter(torch.tensor(x).bfloat16(), torch.tensor(1e9).bfloat16())
+        assert above.item() - x == analyze.bf16_spacing(x)
+
+
+def test_a_common_shift_of_the_rows_costs_only_through_rounding(runs):
+    """Shifting every row by one vector changes no prediction (float32 loses nothing at any
+    offset), but bf16 loses more the further the mean logit sits from 0."""
+    offsets = ("--offsets", 0, 30, 300, 3000)
+    f32 = cli("logits", "--run", runs["untied"], "--tokens", 128, *offsets)["offsets"]
+    bf16 = cli("logits", "--run", runs["untied"], "--tokens", 128, "--dtype", "bfloat16",
+               *offsets)["offsets"]
+    assert [row["offset"] for row in bf16] == [0, 30, 300, 3000]
+    assert all(abs(row["prec_ce_gap"]) < 1e-4 for row in f32)
+    rounding = [row["prec_err_round"] for row in bf16]
+    assert rounding == sorted(rounding) and rounding[-1] > 30 * rounding[0]
+    assert bf16[-1]["prec_ce_gap"] > 0.1  # at 3000 the spacing (16) dwarfs the logits' spread
+
+
 def test_cli_on_a_fresh_model_gives_sane_numbers(tmp_path):
     V = 512
     logits = cli("logits", "--init", "tiny", "--vocab_size", V, "--tokens", 256, "--seq_len", 64)
