@@ -385,12 +385,44 @@ def markdown_report(cells, mean="published", l0=None):
                   LRS, _markdown_table(main, sensitivity, lrs_fmt),
                   TIME, _markdown_table(main, lambda c: 100 * extra_time(c, cells),
                                         "{:.1f}%".format, best=None)]
+        if any(math.isfinite(row["logit_absmax"]) for c in main for row in c.rows):
+            parts += [RESOLUTION, resolution_table(main)]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
             parts += [f"## {head} for several λ, {tying}",
                       LOSS, _markdown_table(swept, optimal, loss_fmt, show_lam=True),
                       LRS, _markdown_table(swept, sensitivity, lrs_fmt, show_lam=True)]
     return "\n\n".join(parts) + "\n"
+
+
+RESOLUTION = ("(iv) Loss above the variant's best, and in brackets the bf16 spacing at max|l| "
+              "over the logits' spread σ_l, per learning rate")
+
+
+def bf16_resolution(row):
+    """The gap between neighbouring bf16 numbers at the run's mean max|l| (bf16 keeps 8
+    significant bits: 2^(⌊log₂ x⌋ − 7), i.e. float64's ulp × 2⁴⁵), in units of its mean logit
+    std σ_l. Near 1 and above, a logit stored in bf16 no longer resolves the spread that
+    carries the prediction: what the paper's baseline loses at large η (its l̄ drifts to
+    ~10³ with σ_l ≈ 5; μ-centering keeps l̄ = 0 and max|l| ≈ 20)."""
+    return math.ulp(row["logit_absmax"]) * 2 ** 45 / row["logit_std"]
+
+
+def resolution_table(cells):
+    """Rows = size and variant, columns = learning rates: loss − the variant's best (capped
+    as in LRS), with the bf16 resolution of its logits in brackets."""
+    lrs = sorted({lr for c in cells for lr in c.lrs})
+    lines = ["| N | variant | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
+             "|---" * (len(lrs) + 2) + "|"]
+    for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
+        by_lr = dict(zip(c.lrs, zip(c.losses, c.rows)))
+        texts = []
+        for lr in lrs:
+            loss, row = by_lr.get(lr, (math.nan, None))
+            resolution = bf16_resolution(row) if row and row["logit_std"] > 0 else math.nan
+            texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2f})")
+        lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
 
 
 TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",

@@ -96,6 +96,18 @@ def test_reference_reproduces_table2(reference_tables):
                 assert row["tie"] == "false" and row["n_lrs"] == "7"
 
 
+def test_published_baseline_loses_where_bf16_no_longer_resolves_its_logits(reference_tables):
+    """Table (iv): 16M baseline at η = 0.3 ends 1.22 above its best, with max|l| = 1176 where
+    bf16's spacing is 8 = 1.44 σ_l (σ_l = 5.5625); μ-centering's max|l| = 17.875 gives 0.125
+    = 0.04 of its σ_l = 3.40625."""
+    markdown = (reference_tables / "published" / "table.md").read_text()
+    assert "| 16M | baseline | 0.12 (0.05) |" in markdown and "| 1.22 (1.44) |" in markdown
+    assert "| 16M | mu_center | 0.12 (0.02) |" in markdown
+    row = {"logit_absmax": 1176.0, "logit_std": 5.5625}
+    assert report.bf16_resolution(row) == 8 / 5.5625
+    assert report.bf16_resolution({"logit_absmax": 17.875, "logit_std": 1.0}) == 0.125
+
+
 def test_reference_reproduces_table3(reference_tables):
     rows = table_rows(reference_tables / "published")
     for (head, column), values in TABLE3.items():
