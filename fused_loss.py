@@ -160,8 +160,10 @@ def _matmul(a, b, out, accumulate=False, alpha=1.0):
         torch.addmm(out, a, b, beta=1 if accumulate else 0, alpha=alpha, out=out)
     elif accumulate:
         out += a @ b
-    else:
-        torch.mul(a @ b, alpha, out=out)
+    else:  # the product rounded once to bf16, as the plain path's F.linear, then scaled in float32
+        out.copy_(a @ b)
+        if alpha != 1:
+            out.mul_(alpha)
 
 
 def _chunk_loss_and_grad(logits, targets, keep, row_scale, cap, lam, sums, want_grad, slope):
