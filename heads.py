@@ -300,9 +300,9 @@ def b_ratio(weight):
     norms can grow although B_ratio ≤ 1) and Eq. 35 (Lemma 2's bound taken for the logit).
     For every h, l*ᵢ = lᵢ − l̄, so max|l*| ≤ max l − min l, and the mean square logit and row
     norm drop by l̄² and ‖μ‖². So B_ratio ≤ 1 (App. C) says centering shrinks the logit range
-    along μ, not for every token. How often a random h gets a larger max|l*| depends on B_ratio
-    (on random anisotropic matrices ~48% near 0.9, ~6% at 0.13). theorem4.py checks each step:
-    `python analyze.py verify` (add --exhaustive --b_ratio_scan for the search and the scan).
+    along μ, not for every token. How often a random h gets a larger max|l*| grows with B_ratio
+    (theorem4.b_ratio_scan's random matrices: ~3% below 0.1, ~6% at 0.1–0.2, ~40% at 0.7–1).
+    theorem4.py checks each step: `python analyze.py verify [--exhaustive] [--b_ratio_scan]`.
     """
     b_minus, b_plus, mu_sq = b_bounds(weight)
     if mu_sq == 0:
