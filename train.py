@@ -1,7 +1,7 @@
 """One training run with the recipe of the paper's App. A, on one process or many (torchrun DDP).
 
-    python train.py --size tiny --device cpu --data data/mytext --steps 300 --warmup 30 \\
-        --batch_size 8 --micro_batch 8 --seq_len 128 --out_dir runs/tiny       # a laptop
+    python train.py --size tiny --data tests/assets/paradise_regained.txt --steps 200 \\
+        --batch_size 8 --seq_len 128                                          # on a laptop
     torchrun --nproc_per_node=4 train.py --head mu_center                     # the paper's 4 GPUs
 
 One optimizer step: the global batch of --batch_size sequences is split into micro-batches of
@@ -11,16 +11,18 @@ DDP averages gradients over the processes on the last micro-batch only. Then the
 gradient norm is clipped to 1.0, AdamW steps, and head.after_step(W) runs: μ-centering sets
 eᵢ ← eᵢ − μ. Every rank computes μ from identical weights, so no communication is needed.
 
-The run folder (--out_dir) holds config.json, log.jsonl (one line per log step), ckpt.pt
-(everything --resume needs; written atomically every --save_every steps) and summary.json
-(written once at the end; its presence means the run is finished). A run whose loss becomes
-non-finite stops, records diverged: true and exits 0, so a sweep carries on.
+--data is a folder of shards, or text files (tokenized once into a cached shard folder); left
+at its default, the FineWeb100B shards the run reads are downloaded. The run folder (--out_dir)
+holds config.json, log.jsonl (one line per log step), ckpt.pt (everything --resume needs,
+every --save_every steps) and summary.json (written at the end: the run is finished). Every
+file is replaced atomically; one process at a time may use the folder (OUT_DIR/.lock). A run
+whose loss becomes non-finite stops, records diverged: true and exits 0, so a sweep carries on.
 """
 import argparse
 import contextlib
-import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,26 +35,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data
 import fused_loss
 import heads
-from model import GPT, SIZES, config_for
+from data import non_negative_float, non_negative_int, positive_float, positive_int
+from model import GPT, SIZES, from_config
+from runs import (Dist, FiniteWatch, Throughput, all_reduce_sum, append_log, check_run_folder,
+                  device_batches, fail, init_distributed, log_line, peak_flops, restore,
+                  run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
 
 # ---------------------------------------------------------------------------------------------
-# The recipe of the paper's App. A (Table 4) and the measurement settings, in one place.
-# The command-line defaults follow in build_parser().
+# The recipe of the paper's App. A (Table 4) and the measurement settings; more in build_parser().
 ADAM_BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-8
 WEIGHT_DECAY = 0.0
 GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to this
-STAT_TOKENS = 131_072      # validation tokens behind the final logit statistics
+WARMUP_SHARE = 20          # default --warmup = --steps / 20: the paper's 5,000 of 100,000
+STAT_TOKENS = 524_288      # 2¹⁹ tokens ≈ the 5·10⁵ logit vectors of the paper's Sec. 3
 STAT_CHUNK = 1024          # tokens per logits chunk: bounds memory to STAT_CHUNK × V floats
-FINEWEB_SHARD_TOKENS = 100_000_000
-FINEWEB10B_TRAIN_SHARDS = 103  # the default dataset has no more; longer runs wrap around
-# Dense bf16 tensor-core peak FLOP/s of one GPU, first match in torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12))
-# Settings that define what a run computes; --resume refuses a checkpoint that differs in any.
-RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
-                "min_lr", "batch_size", "seq_len", "seed")
-
-
+TEXT_CACHE = "data/text"   # where --data text files are tokenized (data.text_dataset)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -65,19 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cap", type=float, default=None, help="c of soft_cap; None = heads.py's 30")
     a("--vocab_size", type=positive_int, default=50304, help="V (GPT-2's 50257, padded)")
     a("--steps", type=positive_int, default=100_000, help="optimizer steps")
-    a("--warmup", type=non_negative_int, default=5000, help="steps of linear warmup")
+    a("--warmup", type=non_negative_int, default=None, help="warmup steps; None: 5%% of --steps")
     a("--min_lr", type=non_negative_float, default=1e-5, help="end of the cosine decay")
-    a("--batch_size", type=positive_int, default=64,
-      help="sequences per optimizer step, all processes together")
-    a("--micro_batch", type=positive_int, default=16, help="sequences per forward, per process")
+    a("--batch_size", type=positive_int, default=64, help="sequences per step, all processes")
+    a("--micro_batch", type=positive_int, default=None,
+      help="sequences per forward and process; None = the most ≤ 16 dividing its batch")
     a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
-    a("--seed", type=int, default=0, help="seed of the initial weights")
+    a("--seed", type=non_negative_int, default=0, help="seed of the initial weights, < 2⁶⁴")
     a("--loss_chunk", type=non_negative_int, default=None,
       help="tokens per chunk of the LM head's loss (fused_loss.py: same loss and gradients "
            "without the N×V logits); 0 = heads.py's plain path; default: the fastest exact "
            "path measured for the device (fused_loss.DEFAULT_CHUNK)")
-    a("--data", default=data.DEFAULT_DATA,
-      help="folder of *train*.bin / *val*.bin shards (the default is downloaded if missing)")
+    a("--data", nargs="+", default=[data.DEFAULT_DATA], help="a folder of *train*.bin and "
+      f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (fresh if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
@@ -88,60 +86,52 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval_every", type=non_negative_int, default=5000,
       help="steps between validation losses (and at the end); 0 = only at the end")
     a("--eval_tokens", type=positive_int, default=65_536_000,
-      help="validation tokens per evaluation (paper: 65.5M)")
+      help="validation tokens per evaluation (paper: 65.5M; at most what the val split holds)")
     a("--stat_tokens", type=positive_int, default=STAT_TOKENS,
-      help="validation tokens for the final logit statistics")
+      help="validation tokens for the final logit statistics (likewise)")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--compile", action=argparse.BooleanOptionalAction, default=None,
-      help="torch.compile the model; None = on CUDA only")
+    a("--compile", action=argparse.BooleanOptionalAction, default=None, help="None: on CUDA")
     return p
-
-
-def _number(kind, rule, test):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number; give {rule}") from None
-        if not test(value):
-            raise argparse.ArgumentTypeError(f"{text} is invalid; give {rule}")
-        return value
-    return parse
-
-
-positive_float = _number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
-non_negative_float = _number(float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
-positive_int = _number(int, "an integer > 0", lambda v: v > 0)
-non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 
 
 def resolve_device(args, error) -> str:
     """Turn --device/--dtype/--compile "auto" (or None) into what this machine has: CUDA with
-    bf16 autocast and torch.compile when a GPU is visible, else CPU in float32, uncompiled.
-    Calls error(message) for a device that is not usable. Returns the device type."""
+    bf16 autocast and torch.compile, else CPU in float32, uncompiled. Calls error(message) for
+    a device that is not usable. Returns the device type."""
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device_type = torch.device(args.device).type
+        device = torch.device(args.device)
     except RuntimeError:
         error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
-    if device_type == "cuda" and not torch.cuda.is_available():
+    if device.type not in ("cpu", "cuda"):
+        error(f"--device {args.device} is not supported: train.py runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
         error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        error(f"--device {args.device} names a GPU that is not there; this machine has "
+              f"{torch.cuda.device_count()}")
     if args.dtype == "auto":
-        args.dtype = "bfloat16" if device_type == "cuda" else "float32"
+        args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.compile is None:
-        args.compile = device_type == "cuda"
-    return device_type
+        args.compile = device.type == "cuda"
+    return device.type
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, checked and resolved (device, dtype, compile); bad input ends in
-    parser.error: one sentence and exit code 2."""
+    """The command line, checked and resolved (warmup, device, dtype, compile); bad input ends
+    in parser.error: one sentence and exit code 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = args.steps // WARMUP_SHARE
+    if args.warmup > args.steps:
+        parser.error(f"--warmup {args.warmup} exceeds --steps {args.steps}; lower --warmup")
+    if args.seed >= 2 ** 64:
+        parser.error(f"--seed {args.seed} is too large; give an integer from 0 to 2⁶⁴ − 1")
     if args.min_lr > args.lr:
         parser.error(f"--min_lr {args.min_lr:g} exceeds --lr {args.lr:g}; the cosine decays "
                      f"from --lr down to --min_lr")
@@ -150,139 +140,109 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as err:
         parser.error(str(err))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.micro_batch is None:
+        per_process = max(1, args.batch_size // world_size)
+        args.micro_batch = max(n for n in range(1, 17) if per_process % n == 0)
     per_pass = args.micro_batch * world_size
     if args.batch_size % per_pass:
         parser.error(f"--batch_size {args.batch_size} must be a multiple of --micro_batch × "
                      f"processes = {args.micro_batch} × {world_size} = {per_pass}; change "
                      f"--batch_size or --micro_batch")
+    files = [Path(path).is_file() for path in args.data]
+    if len(args.data) > 1 and not all(files):
+        parser.error("--data takes one folder of shards or one or more text files, not both; "
+                     f"{args.data[files.index(False)]} is not a file")
+    args.text = args.data if all(files) else None  # tokenized into a folder by prepare_data
+    args.data = None if args.text else args.data[0]
     resolve_device(args, parser.error)
     return args
 
 
 # ---------------------------------------------------------------------------------------------
-# Processes: torchrun sets RANK (global, over all nodes), LOCAL_RANK (on this node), WORLD_SIZE.
-
-@dataclass
-class Dist:
-    rank: int
-    local_rank: int
-    world_size: int
-    device: torch.device
-
-    @property
-    def master(self) -> bool:
-        """Global rank 0 alone prints and writes files."""
-        return self.rank == 0
-
-
-def init_distributed(args) -> Dist:
-    """Join the process group when launched by torchrun (NCCL on CUDA, gloo on CPU)."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if world_size == 1:
-        device = torch.device(args.device)
-        if device.type == "cuda":
-            device = torch.device("cuda", device.index or 0)  # "cuda" means the first GPU
-            torch.cuda.set_device(device)
-        return Dist(0, 0, 1, device)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if torch.device(args.device).type == "cuda":
-        device = torch.device("cuda", local_rank)  # one GPU per process on each node
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device(args.device)
-        dist.init_process_group("gloo")
-    return Dist(rank, local_rank, world_size, device)
-
-
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Σ over processes, in place (a no-op on one process)."""
-    if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def fail(message: str):
-    """End the run with one sentence and no traceback (exit code 1)."""
-    raise SystemExit(f"train.py: error: {message}")
-
-
-# ---------------------------------------------------------------------------------------------
 # Data
 
-def has_shards(data_dir) -> bool:
-    try:
-        data.shard_paths(data_dir, "train"), data.shard_paths(data_dir, "val")
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def fetch_default_data(args, ctx: Dist):
-    """Download the default FineWeb shards when --data is left at its default and none are
-    there. Local rank 0 of every node downloads; the others wait at a gloo barrier with a long
-    timeout (NCCL's default of 10 minutes is too short for 10 GB). All ranks agree on whether
-    a download is needed before anyone starts, so no rank can see a half-fetched folder."""
-    needed = torch.tensor([0.0 if has_shards(args.data) else 1.0])
-    waiting = None
-    if ctx.world_size > 1:
-        waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24))
+def prepare_data(args, ctx: Dist):
+    """Make --data a folder of shards: text files are tokenized once (data.text_dataset); the
+    default FineWeb shards the run reads are downloaded when missing (data.fetch_fineweb).
+    Local rank 0 of each node does it while the others wait at a gloo barrier with a long
+    timeout (NCCL's 10 minutes are too short for a download). All ranks agree on whether
+    there is work before anyone starts, so no rank can see a half-made folder."""
+    needed = torch.tensor([float(bool(args.text) or args.data == data.DEFAULT_DATA
+                                 and not has_shards(args.data))])
+    waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
+        if ctx.world_size > 1 else None
+    if waiting is not None:
         dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=waiting)
     if not needed.item():
         return
-    tokens = args.steps * args.batch_size * args.seq_len
-    shards = min(math.ceil(tokens / FINEWEB_SHARD_TOKENS), FINEWEB10B_TRAIN_SHARDS)
-    problem = ""
-    if ctx.local_rank == 0:
-        print(f"no shards in {args.data}: downloading FineWeb (1 val + {shards} train shards "
-              f"of 100M tokens) …", flush=True)
-        try:
-            data.fetch_fineweb(args.data, n_train_shards=shards)
-        except (RuntimeError, OSError, ValueError) as err:
-            problem = str(err.__cause__ or err)  # the network's reason, without data.py's advice
-    failed = torch.tensor([1.0 if problem else 0.0])
-    if waiting is not None:
+    problem = make_shards(args) if ctx.local_rank == 0 else ""
+    failed = torch.tensor([float(bool(problem))])
+    if waiting is not None:  # the barrier: local rank 0 is done
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=waiting)
     if failed.item():
-        fail(f"the FineWeb download into {args.data} failed ({problem or 'on another process'}); "
-             f"to train on local text instead, run `python data.py text FILES --out DIR` and "
-             f"pass --data DIR")
+        fail(problem or "preparing the data failed on another process")
+    if args.text and ctx.local_rank != 0:
+        args.data = str(data.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
 
 
-def open_data(args, ctx: Dist):
-    """The rank's training loader, with the data checked before any step: shards present and
-    valid, token ids < vocab_size, enough validation tokens for the evaluations."""
+def make_shards(args) -> str:
+    """Tokenize --data's text files, or download the default FineWeb shards; returns '' or one
+    sentence saying what went wrong."""
     try:
+        if args.text:
+            args.data = str(data.text_dataset(args.text, TEXT_CACHE))
+        else:
+            shards = data.shards_needed(args.steps * args.batch_size * args.seq_len)
+            print(f"no shards in {args.data}: downloading {data.DEFAULT_DATASET} (1 val + "
+                  f"{shards} train shards of {data.SHARD_TOKENS:,} tokens) …", flush=True)
+            data.fetch_fineweb(args.data, train_shards=shards)
+        return ""
+    except (RuntimeError, OSError, ValueError) as err:
+        if args.text or isinstance(err, data.WriteError):  # a full disk is not a network error
+            return str(err)
+        return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); to "
+                f"train on local text instead, pass the text files as --data")
+
+
+def has_shards(folder) -> bool:
+    try:
+        return bool(data.shard_paths(folder, "train") and data.shard_paths(folder, "val"))
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def open_data(args, ctx: Dist, say):
+    """The rank's training loader, with the data checked before any step: one dataset (its
+    fingerprint goes into the run's settings), token ids < vocab_size; --eval_tokens and
+    --stat_tokens cut down to what the val split holds, saying so."""
+    try:
+        args.data_fingerprint = data.check_dataset(args.data)  # --resume compares it
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
                                   ctx.world_size, split="train")
         loader.check_vocab(args.vocab_size)
-        data.ShardLoader(args.data, 1, 1, split="val").check_vocab(args.vocab_size)
-        for name in ("eval_tokens", "stat_tokens"):
-            try:
-                val_batches(getattr(args, name), args, ctx)
-            except ValueError as err:
-                raise ValueError(str(err).replace("eval_tokens", f"--{name}")) from None
+        val = data.ShardLoader(args.data, 1, 1, split="val")
+        val.check_vocab(args.vocab_size)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
+    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
+    held = sum((n - 1) // step for n in val.lengths) * step  # as data.val_batches counts them
+    if held == 0:
+        fail(f"the val split of {args.data} holds fewer than the {step + 1} tokens of one "
+             f"evaluation step (processes · --micro_batch · --seq_len + 1)")
+    for name in ("eval_tokens", "stat_tokens"):
+        if getattr(args, name) > held:
+            say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
+                f"its {held:,} tokens")
+            setattr(args, name, held)
     return loader
 
 
 def val_batches(tokens: int, args, ctx: Dist):
     """This rank's share of the first `tokens` validation tokens (at least one micro-batch per
-    rank, so that the paper's 131,072 statistics tokens also work on 8 GPUs)."""
+    rank, so that few statistics tokens also work on 8 GPUs)."""
     tokens = max(tokens, ctx.world_size * args.micro_batch * args.seq_len)
     return data.val_batches(args.data, tokens, args.micro_batch, args.seq_len, ctx.rank,
                             ctx.world_size)
-
-
-def device_batches(loader, device):
-    """next_batch() of the loader, moved to the device (asynchronously from pinned memory)."""
-    def next_batch():
-        x, y = loader.next_batch()
-        if device.type == "cuda":
-            x, y = x.pin_memory(), y.pin_memory()
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    return next_batch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,12 +250,9 @@ def device_batches(loader, device):
 
 def build_model(args) -> GPT:
     """The GPT of --size with the head of --head; --seed fixes the initial weights."""
-    head = heads.build(args.head, lam=args.lam, cap=args.cap)
-    config = config_for(args.size, vocab_size=args.vocab_size, block_size=args.seq_len,
-                        tie=args.tie)
-    head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     torch.manual_seed(args.seed)
-    model = GPT(config, head)
+    model = from_config(vars(args))
+    model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     # The callers feed checked ids (train.py checks every shard in open_data, bench.py draws
     # them in range), so the model's per-forward check and its host sync are not needed.
     model.check_token_ids = False
@@ -326,12 +283,6 @@ def autocast(device: torch.device, dtype: str):
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
 
 
-def unwrap(model) -> GPT:
-    """The GPT inside DDP and torch.compile wrappers."""
-    model = model.module if isinstance(model, DDP) else model
-    return getattr(model, "_orig_mod", model)
-
-
 @dataclass
 class StepResult:
     loss: torch.Tensor       # mean training loss over the global batch (0-dim, on the device)
@@ -340,81 +291,37 @@ class StepResult:
     last_y: torch.Tensor     # and its targets
 
 
-def train_step(model, optimizer, next_batch, lr: float, grad_accum: int, amp) -> StepResult:
+def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) -> StepResult:
     """One optimizer step: grad_accum micro-batches, clip, AdamW, head.after_step(W).
 
     The gradient is g = (1/A) Σₐ ∇loss_a averaged over processes, the gradient of the mean
     loss over the global batch (every micro-batch has the same number of tokens). Nothing
     here waits for the device: the loss stays a tensor (its all-reduce is queued, not read)."""
-    raw = unwrap(model)
+    model = unwrap(wrapped)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss_sum = torch.zeros((), device=raw.output_weight.device)
+    loss_sum = torch.zeros((), device=model.output_weight.device)
     for micro in range(grad_accum):
         x, y = next_batch()
         last = micro == grad_accum - 1
         # DDP all-reduces gradients during backward; on the last micro-batch only.
-        sync = model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
+        sync = wrapped.no_sync() if isinstance(wrapped, DDP) and not last else \
+            contextlib.nullcontext()
         with sync:
             with amp:
-                loss, _ = model(x, y)
+                loss, _ = wrapped(x, y)
             (loss / grad_accum).backward()
         loss_sum += loss.detach()
-    grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), GRAD_CLIP)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    raw.head.after_step(raw.output_weight)
+    model.head.after_step(model.output_weight)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     return StepResult(all_reduce_sum(loss_sum) / (grad_accum * world_size), grad_norm, x, y)
 
 
-class FiniteWatch:
-    """Tells whether each step's loss was finite without making the GPU wait.
-
-    Reading a CUDA value (.item()) blocks the CPU until all queued work is done, so the next
-    step could not be queued meanwhile. Instead the flag is copied to pinned memory without
-    blocking and read one step later, once the next step is queued: a divergence is noticed
-    one step late at most (at once on the CPU, and at every log or save step)."""
-
-    def __init__(self, device: torch.device):
-        self.lag = 1 if device.type == "cuda" else 0
-        self.pending = []  # (step, flag, event), oldest first
-
-    def push(self, step: int, loss: torch.Tensor):
-        flag, event = torch.isfinite(loss), None
-        if loss.is_cuda:
-            host = torch.empty((), dtype=torch.bool, pin_memory=True)
-            flag, event = host.copy_(flag, non_blocking=True), torch.cuda.Event()
-            event.record()
-        self.pending.append((step, flag, event))
-
-    def first_nonfinite(self, wait_all: bool = False):
-        """The first step whose loss was not finite, among all the steps that can be read
-        without waiting (or all steps when wait_all); None if every one was finite."""
-        while len(self.pending) > (0 if wait_all else self.lag):
-            step, flag, event = self.pending.pop(0)
-            if event is not None:
-                event.synchronize()
-            if not bool(flag):
-                return step
-        return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Measurements
-
-def sync(device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_flops(device: torch.device, dtype: str):
-    """Dense bf16 peak FLOP/s of one device, or None when unknown (CPU, other GPUs, float32)."""
-    if device.type != "cuda" or dtype != "bfloat16":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
-
 
 def mu_norm(model: GPT) -> torch.Tensor:
     """‖μ‖, μ = (1/V) Σᵢ eᵢ the mean output embedding (Eq. 7)."""
@@ -474,231 +381,90 @@ def final_head_stats(model: GPT, args, ctx: Dist, amp) -> dict:
     return head_stats(sums)
 
 
-# ---------------------------------------------------------------------------------------------
-# The run folder
-
-def finite_or_none(value):
-    """JSON has no NaN or ∞: a non-finite number is written as null."""
-    return value if not isinstance(value, float) or math.isfinite(value) else None
-
-
-def write_json(path: Path, obj: dict):
-    """Atomically: a temporary file renamed into place, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({k: finite_or_none(v) for k, v in obj.items()}, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def append_log(path: Path, record: dict):
-    with open(path, "a") as f:
-        f.write(json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n")
-
-
-def trim_log(path: Path, last_step: int):
-    """Keep the log lines up to the checkpoint's step: the steps after it are trained again,
-    and a line cut off by a kill is dropped."""
-    kept = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] <= last_step:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):
-                pass
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-
-
-def save_atomic(obj: dict, path: Path):
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device):
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def load_checkpoint(path: Path, config: dict) -> dict:
-    """ckpt.pt, loaded without running code (weights_only) and checked against the settings."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # unpickling errors come in many types; all mean "unusable file"
-        fail(f"{path} cannot be read as a checkpoint ({type(err).__name__}); delete it to "
-             f"start afresh")
-    needed = ("model", "optimizer", "step", "loader", "rng", "config", "init_loss", "train_time_s")
-    if not isinstance(ckpt, dict) or any(key not in ckpt for key in needed):
-        fail(f"{path} is not a checkpoint of train.py (it lacks some of {', '.join(needed)}); "
-             f"delete it to start afresh")
-    for key in RUN_DEFINING:
-        if ckpt["config"].get(key) != config[key]:
-            fail(f"--resume: {path} was trained with --{key} {ckpt['config'].get(key)}, not "
-                 f"{config[key]}; resume with the run's own settings or use another --out_dir")
-    return ckpt
+def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
+    """loss, grad_norm, ‖μ‖ and the head statistics of this process's last micro-batch
+    (summed over processes). Reads device values, so log steps only."""
+    sums = head_stat_sums(model, result.last_x, result.last_y, args, amp)
+    return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
+            "mu_norm": mu_norm(model).item(), **head_stats(sums)}
 
 
 # ---------------------------------------------------------------------------------------------
 # The run
 
-class Throughput:
-    """Tokens per second over the steps since the last restart, timed between device syncs
-    (CUDA runs asynchronously: without a sync the clock would time the queueing)."""
-
-    def __init__(self, device: torch.device, tokens_per_step: int):
-        self.device, self.tokens_per_step = device, tokens_per_step
-        self.restart()
-
-    def restart(self):
-        sync(self.device)
-        self.start, self.steps = time.perf_counter(), 0
-
-    def read(self) -> tuple[float, float]:
-        """(tokens/s, seconds per step)."""
-        sync(self.device)
-        per_step = (time.perf_counter() - self.start) / self.steps
-        return self.tokens_per_step / per_step, per_step
+@dataclass
+class Run:
+    """What setup() hands the training loop."""
+    model: GPT                 # what is saved, measured and centred
+    compiled: torch.nn.Module  # model, compiled (setup says when): runs the evaluations
+    wrapped: torch.nn.Module   # compiled, in DDP on several processes: runs the steps
+    optimizer: torch.optim.AdamW
+    loader: data.ShardLoader
+    amp: contextlib.AbstractContextManager
+    config: dict
+    out: Path
+    step: int                 # optimizer steps done
+    init_loss: float | None   # val loss before training; None until measured
+    train_time_s: float       # training seconds so far
 
 
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def log_line(record: dict, steps: int, eta: float) -> str:
-    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read."""
-    parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
-             f"lr {record['lr']:.2e}", f"{record['tok_per_s']:,.0f} tok/s"]
-    if record["mfu"] is not None:
-        parts.append(f"MFU {record['mfu']:.1%}")
-    parts.append(f"ETA {format_duration(eta)}")
-    if "val_loss" in record:
-        parts.append(f"val {record['val_loss']:.4f}")
-    return " | ".join(parts)
-
-
-def step_metrics(raw: GPT, result: StepResult, args, amp) -> dict:
-    """loss, grad_norm, ‖μ‖ and the head statistics of this process's last micro-batch
-    (summed over processes). Reads device values, so log steps only."""
-    sums = head_stat_sums(raw, result.last_x, result.last_y, args, amp)
-    return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
-            "mu_norm": mu_norm(raw).item(), **head_stats(sums)}
-
-
-def save_checkpoint(out: Path, raw: GPT, optimizer, loader, step: int, config: dict,
-                    init_loss: float, train_time: float):
-    """ckpt.pt: everything --resume needs, tensors and plain types only (weights_only-loadable).
-    The unwrapped model's state_dict has no `_orig_mod.` prefix, so compiled and eager runs
-    resume each other. The loader position is global, the same on every rank."""
-    save_atomic({"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                 "loader": loader.state_dict(), "rng": rng_state(raw.output_weight.device),
-                 "config": config, "init_loss": init_loss, "train_time_s": train_time},
-                out / "ckpt.pt")
-
-
-def save_snapshot(out: Path, raw: GPT, step: int, config: dict):
-    """ckpt_step{step:07d}.pt: the weights alone, for curves over training (analyze.py)."""
-    save_atomic({"model": raw.state_dict(), "step": step, "config": config},
-                out / f"ckpt_step{step:07d}.pt")
-
-
-def claim_run_folder(args, out: Path, say) -> bool:
-    """False when --resume finds the run finished; refuses to overwrite a run without it."""
-    if args.resume and (out / "summary.json").exists():
-        say(f"{out / 'summary.json'} exists: the run is finished, nothing to do")
-        return False
-    if not args.resume and ((out / "ckpt.pt").exists() or (out / "summary.json").exists()):
-        fail(f"{out} already holds a run; pass --resume to continue it, or choose another "
-             f"--out_dir")
-    return True
-
-
-def restore(path: Path, config: dict, raw: GPT, optimizer, loader, device) -> dict:
-    """Model, optimizer, loader position and RNG from ckpt.pt; returns step, init_loss and
-    train_time_s."""
-    ckpt = load_checkpoint(path, config)
-    raw.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    loader.load_state_dict(ckpt["loader"])
-    set_rng_state(ckpt["rng"], device)
-    return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s")}
-
-
-def main(argv=None) -> GPT:
-    """Train one run as the command line says. Returns the trained (unwrapped) model, or None
-    when --resume finds the run already finished."""
-    args = parse_args(argv)
-    ctx = init_distributed(args)
-    try:
-        return train(args, ctx)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def train(args, ctx: Dist) -> GPT:
-    """Data, model, the training loop, the final evaluation; global rank 0 writes the folder."""
-    say = print if ctx.master else (lambda *a, **k: None)
-    out, config = Path(args.out_dir), dict(vars(args))
-    if not claim_run_folder(args, out, say):
+def setup(args, ctx: Dist, out: Path, say) -> Run | None:
+    """Everything before the first step: the data, the run folder's checks, the model and its
+    optimizer (restored from ckpt.pt with --resume), config.json. None when --resume finds the
+    run finished."""
+    prepare_data(args, ctx)
+    loader = open_data(args, ctx, say)
+    config = dict(vars(args))
+    finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides for all
+    if all_reduce_sum(torch.tensor(float(finished), device=ctx.device)).item():
         return None
-    if args.data == data.DEFAULT_DATA:
-        fetch_default_data(args, ctx)
-    loader = open_data(args, ctx)
     if ctx.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
-    raw = build_model(args).to(ctx.device)
-    optimizer = make_optimizer(raw, args)
+    model = build_model(args).to(ctx.device)
+    optimizer = make_optimizer(model, args)
     state = {"step": 0, "init_loss": None, "train_time_s": 0.0}
     if args.resume and (out / "ckpt.pt").exists():
-        state = restore(out / "ckpt.pt", config, raw, optimizer, loader, ctx.device)
-    step, init_loss = state["step"], state["init_loss"]
-    if args.compile:  # a model that fails to compile runs eagerly, with a warning, not a crash
+        state = restore(out / "ckpt.pt", config, model, optimizer, loader, ctx.device)
+    # The wrappers share the model's parameters: compiled on CUDA (a model that fails to compile
+    # runs eagerly, with a warning), and in DDP on several processes (gradients all-reduced).
+    if args.compile:
         torch._dynamo.config.suppress_errors = True
-    fast = torch.compile(raw) if args.compile else raw
-    model = fast if ctx.world_size == 1 else \
-        DDP(fast, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    compiled = torch.compile(model) if args.compile else model
+    wrapped = compiled if ctx.world_size == 1 else \
+        DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     if ctx.master:
-        out.mkdir(parents=True, exist_ok=True)
         write_json(out / "config.json", config)
-        trim_log(out / "log.jsonl", step)  # a fresh run starts an empty log
+        trim_log(out / "log.jsonl", state["step"])  # a fresh run starts an empty log
+    return Run(model, compiled, wrapped, optimizer, loader, autocast(ctx.device, args.dtype),
+               config, out, **state)
 
-    amp = autocast(ctx.device, args.dtype)
+
+def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
+    """Steps until --steps (or --stop_at), logging, evaluating and saving on the way, then the
+    summary; a loss that turns non-finite ends the run early, as diverged."""
     grad_accum = args.batch_size // (args.micro_batch * ctx.world_size)
     tokens_per_step = args.batch_size * args.seq_len
-    say(f"{args.size} ({raw.num_params() / 1e6:.2f}M parameters without the input embedding), "
-        f"head {args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} process(es) × "
-        f"{grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
+    say(f"{args.size} ({run.model.num_params() / 1e6:.2f}M parameters without the input "
+        f"embedding), head {args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} "
+        f"process(es) × {grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
         f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}"
-        f"{' compiled' if args.compile else ''}; "
-        f"{f'resuming after step {step}' if step else f'{args.steps} steps'}")
-    if init_loss is None:
-        init_loss = evaluate(fast, args, ctx, amp)
-        say(f"step 0: val loss {init_loss:.4f} (ln V = {math.log(args.vocab_size):.4f})")
+        f"{' compiled' * args.compile}; "
+        f"{f'resuming after step {run.step} of ' if run.step else ''}{args.steps} steps")
+    if run.init_loss is None:
+        run.init_loss = evaluate(run.compiled, args, ctx, run.amp)
+        say(f"step 0: val loss {run.init_loss:.4f} (ln V = {math.log(args.vocab_size):.4f})")
         if args.keep_every and ctx.master:
-            save_snapshot(out, raw, 0, config)
-
+            save_snapshot(run.out, run.model, 0, run.config)
     peak = peak_flops(ctx.device, args.dtype)
-    flops_per_token = raw.flops_per_token(args.seq_len)
+    flops_per_token = run.model.flops_per_token(args.seq_len)
     watch = FiniteWatch(ctx.device)
-    next_batch = device_batches(loader, ctx.device)
-    diverged_at, last_val = None, None
-    run_start = time.perf_counter()
+    next_batch = device_batches(run.loader, ctx.device)
+    diverged_at, last_val, start = None, None, time.perf_counter()
     speed = Throughput(ctx.device, tokens_per_step)
-    while step < args.steps:
-        result = train_step(model, optimizer, next_batch, lr_at(step, args), grad_accum, amp)
-        step += 1
+    while run.step < args.steps:
+        step = run.step = run.step + 1
+        result = train_step(run.wrapped, run.optimizer, next_batch, lr_at(step - 1, args),
+                            grad_accum, run.amp)
         speed.steps += 1
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
@@ -710,45 +476,74 @@ def train(args, ctx: Dist) -> GPT:
             break
         if is_log:
             tok_per_s, per_step = speed.read()
-            record = {"step": step, "tokens": step * tokens_per_step,
-                      "lr": lr_at(step - 1, args), **step_metrics(raw, result, args, amp),
-                      "tok_per_s": tok_per_s,
+            record = {"step": step, "tokens": step * tokens_per_step, "lr": lr_at(step - 1, args),
+                      **step_metrics(run.model, result, args, run.amp), "tok_per_s": tok_per_s,
                       "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size) if peak
                       else None}
             if is_eval:
-                record["val_loss"] = last_val = evaluate(fast, args, ctx, amp)
+                record["val_loss"] = last_val = evaluate(run.compiled, args, ctx, run.amp)
             say(log_line(record, args.steps, eta=(args.steps - step) * per_step))
             if ctx.master:
-                append_log(out / "log.jsonl", record)
+                append_log(run.out / "log.jsonl", record)
         if is_save and ctx.master:
-            save_checkpoint(out, raw, optimizer, loader, step, config, init_loss,
-                            state["train_time_s"] + time.perf_counter() - run_start)
+            save_checkpoint(run.out, run.model, run.optimizer, run.loader, step, run.config,
+                            run.init_loss, run.train_time_s + time.perf_counter() - start)
         if args.keep_every and step % args.keep_every == 0 and ctx.master:
-            save_snapshot(out, raw, step, config)
+            save_snapshot(run.out, run.model, step, run.config)
         if step == args.stop_at:
             say(f"stopping after step {step} as --stop_at asks; continue with --resume")
-            return raw
+            return run.model
         if is_log or is_save:  # the next throughput window starts after this bookkeeping
             speed.restart()
-    train_time = state["train_time_s"] + time.perf_counter() - run_start
+    run.train_time_s += time.perf_counter() - start
 
+    # The final evaluation and logit statistics, into summary.json: the run is finished.
+    model = run.model
     summary = {"head": args.head, "size": args.size, "lr": args.lr, "tie": args.tie,
-               "lam": raw.head.lam, "cap": raw.head.cap, "steps": args.steps}
+               "lam": model.head.lam, "cap": model.head.cap, "steps": args.steps}
     if diverged_at is None:
-        val_loss = last_val if last_val is not None else evaluate(fast, args, ctx, amp)
-        stats = final_head_stats(raw, args, ctx, amp)
-        summary |= {"tokens": step * tokens_per_step, "val_loss": val_loss,
+        val_loss = last_val if last_val is not None else evaluate(run.compiled, args, ctx, run.amp)
+        stats = final_head_stats(model, args, ctx, run.amp)
+        summary |= {"tokens": run.step * tokens_per_step, "val_loss": val_loss,
                     "diverged": not math.isfinite(val_loss)}
     else:
         stats = dict.fromkeys(HEAD_STATS)
         summary |= {"tokens": diverged_at * tokens_per_step, "val_loss": None, "diverged": True}
-    summary |= {"init_loss": init_loss, **stats, "mu_norm": mu_norm(raw).item(),
-                "train_time_s": train_time}
+    summary |= {"init_loss": run.init_loss, **stats, "mu_norm": mu_norm(model).item(),
+                "train_time_s": run.train_time_s}
     if ctx.master:
-        write_json(out / "summary.json", summary)
+        write_json(run.out / "summary.json", summary)
     say("done: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                              for k, v in summary.items()))
-    return raw
+    return model
+
+
+def train(args, ctx: Dist) -> GPT | None:
+    """Setup, then the training loop; global rank 0 holds the run folder's lock throughout and
+    writes its files. Returns the trained model (None when --resume finds the run finished)."""
+    say = print if ctx.master else (lambda *a, **k: None)
+    out = Path(args.out_dir)
+    with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
+        run = setup(args, ctx, out, say)
+        if run is None:
+            return None
+        return training_loop(run, args, ctx, say)
+
+
+def main(argv=None) -> GPT | None:
+    """Train one run as the command line says; see train()."""
+    args = parse_args(argv)
+    try:
+        return train(args, init_distributed(args))
+    except data.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
+        fail(str(err))
+    except KeyboardInterrupt:
+        print("train.py: interrupted; --resume continues from the last checkpoint",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

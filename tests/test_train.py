@@ -1,11 +1,15 @@
 """train.py: a run learns, DDP equals gradient accumulation, resume is exact, divergence ends
 cleanly, bad input ends in one sentence. CPU, offline; tiny models on real text (GPT-2 tokens of
 tests/assets/paradise_regained.txt) or on a 64-token Markov language where speed matters."""
+import errno
 import functools
 import http.server
 import json
 import math
 import os
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "tests" / "assets" / "paradise_regained.txt"
 SUMMARY_KEYS = {"head", "size", "lr", "tie", "lam", "cap", "steps", "tokens", "val_loss",
                 "init_loss", "diverged", "logit_mean", "logit_std", "logit_absmax", "log2Z",
-                "mu_norm", "train_time_s"}
+                "prec_ce_gap", "prec_err_cast", "prec_err_round", "mu_norm", "train_time_s"}
 LOG_KEYS = {"step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean", "logit_std",
             "logit_absmax", "log2Z", "tok_per_s", "mfu"}
 
@@ -217,12 +221,12 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_p
 
 
 def test_chunked_loss_path_trains_like_the_plain_one(markov_data, tmp_path):
-    """--loss_chunk swaps in heads.chunked_loss: same losses, same weights, to float tolerance
+    """--loss_chunk swaps in fused_loss.chunked_loss: same losses, same weights, to float tolerance
     (chunks of 24 tokens do not divide the 64-token micro-batches, so a ragged chunk is used)."""
     common = ("--head", "z_loss", "--lam", "0.01")
-    plain = train.main(tiny(markov_data, tmp_path / "plain", *common))
+    plain = train.main(tiny(markov_data, tmp_path / "plain", *common, "--loss_chunk", "0"))
     chunked = train.main(tiny(markov_data, tmp_path / "chunked", *common, "--loss_chunk", "24"))
-    assert chunked.head.chunk_size == 24 and plain.head.chunk_size is None
+    assert chunked.head.loss_path.keywords == {"chunk_size": 24} and plain.head.loss_path is None
     for a, b in zip(read_log(tmp_path / "plain"), read_log(tmp_path / "chunked"), strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     for name, tensor in plain.state_dict().items():
@@ -265,7 +269,9 @@ def error_of(argv, capsys):
     (["--batch_size", "7"], "--batch_size 7 must be a multiple of --micro_batch"),
     (["--lam", "0.1"], "head 'baseline' does not use lam=0.1"),
     (["--head", "soft_cap", "--cap", "0"], "cap=0.0 is invalid"),
-    (["--eval_tokens", "10000000"], "--eval_tokens=10000000 must cover"),
+    (["--warmup", "7"], "--warmup 7 exceeds --steps 6"),
+    (["--seed", str(2 ** 64)], "--seed 18446744073709551616 is too large; give an integer from 0"),
+    (["--device", "mps"], "--device mps is not supported: train.py runs on cpu or cuda"),
     (["--vocab_size", "32"], "outside the model's vocabulary of 32"),
     (["--data", "/nonexistent/shards"], "no train shards"),
     (["--device", "toaster"], "--device 'toaster' is not a torch device"),
@@ -302,9 +308,10 @@ class Payload:
 
 def test_a_checkpoint_cannot_run_code(markov_data, tmp_path, capsys):
     marker = tmp_path / "code_ran"
-    torch.save({"model": Payload(marker)}, tmp_path / "ckpt.pt")
-    message = error_of(tiny(markov_data, tmp_path, "--resume"), capsys)
-    assert "cannot be read as a checkpoint" in message
+    train.main(tiny(markov_data, tmp_path / "run", "--stop_at", "1", "--save_every", "1"))
+    torch.save({"model": Payload(marker)}, tmp_path / "run" / "ckpt.pt")
+    message = error_of(tiny(markov_data, tmp_path / "run", "--resume"), capsys)
+    assert "cannot be read as a checkpoint" in message and "weights_only" not in message
     assert not marker.exists()
 
 
@@ -317,9 +324,152 @@ def test_asking_for_a_missing_gpu_is_a_clear_error(markov_data, tmp_path, capsys
 def test_existing_runs_are_not_overwritten_and_resume_checks_the_settings(markov_data, tmp_path,
                                                                            capsys):
     train.main(tiny(markov_data, tmp_path, "--stop_at", "2", "--save_every", "2"))
-    assert "already holds a run; pass --resume" in error_of(tiny(markov_data, tmp_path), capsys)
+    assert "already holds a run (ckpt.pt, config.json, log.jsonl); pass --resume" in \
+        error_of(tiny(markov_data, tmp_path), capsys)
     message = error_of(tiny(markov_data, tmp_path, "--resume", "--lr", "0.01"), capsys)
-    assert "was trained with --lr 0.003, not 0.01" in message
+    assert "was trained with --lr 0.003, not --lr 0.01; resume with its own settings" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# the run folder: one process at a time, no other run's files replaced, a full disk
+
+HOLD_LOCK = """
+import fcntl, sys, time
+lock = open(sys.argv[1], "a")
+lock.write("train.py, process 123\\n")
+lock.flush()
+fcntl.flock(lock, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_folder_in_use_is_refused_and_the_lock_of_a_killed_process_taken_over(
+        markov_data, tmp_path, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / ".lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        message = error_of(tiny(markov_data, tmp_path), capsys)
+        assert "is in use by train.py, process 123; wait for it to end" in message
+        assert [p.name for p in tmp_path.iterdir()] == [".lock"]
+    finally:
+        holder.kill()                                    # kill -9: the OS drops its lock
+        holder.wait()
+    (tmp_path / ".ckpt.pt.123.0a1b2c3d.tmp").write_bytes(b"half a save")
+    train.main(tiny(markov_data, tmp_path, steps=2))
+    assert read_summary(tmp_path)["diverged"] is False
+    assert not list(tmp_path.glob("*.tmp"))             # the dead process's temporary file
+
+
+def test_a_fresh_run_leaves_the_files_of_another_run_alone(markov_data, tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"size": "57M"}\n')
+    (tmp_path / "log.jsonl").write_text('{"step": 1, "loss": 3.0}\n')
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert "already holds a run (config.json, log.jsonl); pass --resume" in \
+        error_of(tiny(markov_data, tmp_path), capsys)
+    assert "was trained with --size 57M" in error_of(tiny(markov_data, tmp_path, "--resume"),
+                                                     capsys)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != ".lock"} == before
+
+
+def test_resume_refuses_other_settings_data_or_dtype_even_when_finished(markov_data, tmp_path,
+                                                                        capsys):
+    run = tmp_path / "run"
+    train.main(tiny(markov_data, run, steps=2))
+    finished = read_summary(run)
+    message = error_of(tiny(markov_data, run, "--resume", "--lr", "0.01", steps=3), capsys)
+    assert "was trained with --lr 0.003 --steps 2, not --lr 0.01 --steps 3" in message
+    assert "was trained with --dtype float32, not --dtype bfloat16" in \
+        error_of(tiny(markov_data, run, "--resume", "--dtype", "bfloat16", steps=2), capsys)
+    other = tmp_path / "other"                           # another Markov language
+    data.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=other, seq_len=32, seed=1)
+    message = error_of(tiny(other, run, "--resume", steps=2), capsys)
+    assert f"trained with --data {markov_data} (dataset " in message
+    assert f", not --data {other} (dataset " in message
+    copy = tmp_path / "copy"                             # the same dataset in another folder
+    shutil.copytree(markov_data, copy)
+    assert train.main(tiny(copy, run, "--resume", steps=2)) is None
+    assert "the run is finished, nothing to do" in capsys.readouterr().out
+    assert read_summary(run) == finished
+
+
+def fill_disk_for(name, monkeypatch):
+    """Make every os.write (data.open_atomic's way to write) to a file whose path holds `name`
+    fail as on a full disk."""
+    real_write = os.write
+
+    def write(fd, raw):
+        if name in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, raw)
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_full_disk_during_a_save_is_one_sentence_and_keeps_the_last_checkpoint(
+        markov_data, tmp_path, capsys, monkeypatch):
+    train.main(tiny(markov_data, tmp_path, "--stop_at", "2", "--save_every", "2"))
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    fill_disk_for("/.ckpt.pt.", monkeypatch)
+    message = error_of(tiny(markov_data, tmp_path, "--resume", "--save_every", "2"), capsys)
+    assert message.startswith(f"train.py: error: the disk is full: could not write "
+                              f"{tmp_path / 'ckpt.pt'} (")
+    assert not list(tmp_path.glob("*.tmp"))
+    kept = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert kept["step"] == 2
+    assert all(torch.equal(tensor, saved["model"][name]) for name, tensor in kept["model"].items())
+
+
+@pytest.mark.parametrize("out_dir, expected", [("file", "is a file; give a folder"),
+                                               ("file/run", "(Not a directory)")])
+def test_an_out_dir_that_cannot_be_a_folder_is_one_sentence(markov_data, tmp_path, capsys,
+                                                            out_dir, expected):
+    (tmp_path / "file").write_text("notes\n")
+    message = error_of(tiny(markov_data, tmp_path / out_dir), capsys)
+    assert f"{tmp_path / out_dir}" in message and expected in message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_a_read_only_out_dir_is_one_sentence(markov_data, tmp_path, capsys):
+    tmp_path.chmod(0o500)
+    try:
+        assert "(Permission denied); choose a folder you can write to" in \
+            error_of(tiny(markov_data, tmp_path), capsys)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda ckpt: ckpt.update(config=None), "has no run settings (its 'config' is NoneType"),
+    (lambda ckpt: ckpt["model"].update({"wte.weight": torch.zeros(64, 32)}),
+     "holds weights that do not fit the model of its settings (size mismatch for wte.weight"),
+    (lambda ckpt: ckpt.update(loader={"shard": 3, "position": 0, "epoch": 0}),
+     "does not fit the 1 shard(s)"),
+    (lambda ckpt: ckpt.pop("optimizer"), "holds weights but not what --resume needs (optimizer)"),
+])
+def test_a_checkpoint_that_cannot_continue_the_run_is_one_sentence(markov_data, tmp_path, capsys,
+                                                                   change, expected):
+    train.main(tiny(markov_data, tmp_path, "--stop_at", "1", "--save_every", "1"))
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    change(ckpt)
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    message = error_of(tiny(markov_data, tmp_path, "--resume"), capsys)
+    assert expected in message and "\n" not in message and message.endswith("start afresh")
+
+
+def test_ctrl_c_ends_in_one_line_and_exit_code_130(markov_data, tmp_path):
+    run = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
+                            *tiny(markov_data, tmp_path, steps=100_000)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                                "PYTHONUNBUFFERED": "1"})
+    for line in run.stdout:                              # wait for the first step
+        if line.split()[:2] == ["step", "1/100000"]:
+            break
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130
+    assert err == "train.py: interrupted; --resume continues from the last checkpoint\n"
 
 
 def test_command_line_errors_come_without_a_traceback(tmp_path):
@@ -346,8 +496,52 @@ def test_default_data_offline_says_how_to_train_on_local_text(tmp_path, monkeypa
     monkeypatch.setenv(data.BASE_URL_ENV, "http://127.0.0.1:9")   # nothing listens there
     monkeypatch.chdir(tmp_path)
     message = error_of(tiny(data.DEFAULT_DATA, "run"), capsys)
-    assert "the FineWeb download into data/fineweb10B failed" in message
-    assert "python data.py text FILES --out DIR` and pass --data DIR" in message
+    assert f"the FineWeb download into {data.DEFAULT_DATA} failed" in message
+    assert "to train on local text instead, pass the text files as --data" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# one command on a laptop
+
+def test_the_readme_laptop_command_trains_on_the_bundled_text(tmp_path, monkeypatch, capsys):
+    """The README's command, cut to 3 steps, from another folder; then again in-process: the
+    text is tokenized once and its cached shards are reused."""
+    readme = (ROOT / "README.md").read_text()
+    command = next(line for line in readme.splitlines()
+                   if line.startswith("python train.py") and "paradise_regained.txt" in line)
+    argv = [str(ROOT / arg) if arg.startswith(("train.py", "tests/")) else arg
+            for arg in shlex.split(command.split("#")[0])[1:]]
+    first = run_script([*argv, "--steps", "3", "--out_dir", "first"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "tokenized 1 file(s)" in first.stdout and "is more than the val split holds" in \
+        first.stdout
+    assert read_summary(tmp_path / "first")["diverged"] is False
+    monkeypatch.chdir(tmp_path)
+    train.main([*argv[1:], "--steps", "1", "--out_dir", "again"])
+    assert "tokenized" not in capsys.readouterr().out
+    configs = [json.loads((tmp_path / run / "config.json").read_text())
+               for run in ("first", "again")]
+    assert configs[0]["data"] == configs[1]["data"] and "data/text/" in configs[0]["data"]
+    assert configs[0]["text"] == [str(TEXT)]
+
+
+def test_eval_and_stat_tokens_are_cut_to_what_the_val_split_holds(markov_data, tmp_path, capsys):
+    train.main(tiny(markov_data, tmp_path, "--eval_tokens", "10000000", "--stat_tokens",
+                    "10000000", steps=2))
+    n = data.shard_length(data.shard_paths(markov_data, "val")[0])
+    held = (n - 1) // 64 * 64                            # whole evaluation steps of 2 × 32 tokens
+    printed = capsys.readouterr().out
+    for name in ("eval_tokens", "stat_tokens"):
+        assert f"--{name} 10,000,000 is more than the val split holds: using its {held:,} " \
+               f"tokens" in printed
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["eval_tokens"] == config["stat_tokens"] == held
+
+
+def test_warmup_defaults_to_5_percent_of_the_steps():
+    assert train.parse_args(["--device", "cpu"]).warmup == 5000          # the paper's, of 100,000
+    assert train.parse_args(["--device", "cpu", "--steps", "300"]).warmup == 15
+    assert train.parse_args(["--device", "cpu", "--steps", "8", "--warmup", "8"]).warmup == 8
 
 
 # ---------------------------------------------------------------------------------------------

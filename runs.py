@@ -1,0 +1,339 @@
+"""The plumbing of a training run, kept out of train.py's way: the processes of torchrun, the
+run folder (one process at a time, files replaced whole, no other run's files replaced, its
+checkpoints), the divergence watch that never makes the GPU wait, and the console line with
+its speed. train.py is the reader's file; this one is what makes it safe to run."""
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import data
+from model import GPT, load_checkpoint
+
+LOCK = ".lock"             # in the run folder: held (fcntl.flock) by the process using it
+STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # data.open_atomic's temporary names
+# Settings that define what a run computes; --resume refuses a run folder that differs in any.
+RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
+                "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint")
+# Dense bf16 tensor-core peak FLOP/s of one GPU, first match in torch.cuda.get_device_name().
+PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12))
+
+
+def fail(message: str):
+    """End the run with one sentence and no traceback (exit code 1)."""
+    raise SystemExit(f"train.py: error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: torchrun sets RANK (global, over all nodes), LOCAL_RANK (on this node), WORLD_SIZE.
+
+@dataclass
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def master(self) -> bool:
+        """Global rank 0 alone prints and writes files."""
+        return self.rank == 0
+
+
+def init_distributed(args) -> Dist:
+    """Join the process group when launched by torchrun (NCCL on CUDA, gloo on CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size == 1:
+        device = torch.device(args.device)
+        if device.type == "cuda":
+            device = torch.device("cuda", device.index or 0)  # "cuda" means the first GPU
+            torch.cuda.set_device(device)
+        return Dist(0, 0, 1, device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if torch.device(args.device).type == "cuda":
+        device = torch.device("cuda", local_rank)  # one GPU per process on each node
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device(args.device)
+        dist.init_process_group("gloo")
+    return Dist(rank, local_rank, world_size, device)
+
+
+def unwrap(model) -> GPT:
+    """The GPT inside DDP and torch.compile wrappers."""
+    model = model.module if isinstance(model, DDP) else model
+    return getattr(model, "_orig_mod", model)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Σ over processes, in place (a no-op on one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The device: batches moved to it, and its losses read without waiting for it
+
+def device_batches(loader, device):
+    """next_batch() of the loader, moved to the device (asynchronously from pinned memory)."""
+    def next_batch():
+        x, y = loader.next_batch()
+        if device.type == "cuda":
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    return next_batch
+
+
+class FiniteWatch:
+    """Tells whether each step's loss was finite without making the GPU wait.
+
+    Reading a CUDA value (.item()) blocks the CPU until all queued work is done, so the next
+    step could not be queued meanwhile. Instead the flag is copied to pinned memory without
+    blocking and read one step later, once the next step is queued: a divergence is noticed
+    one step late at most (at once on the CPU, and at every log or save step)."""
+
+    def __init__(self, device: torch.device):
+        self.lag = 1 if device.type == "cuda" else 0
+        self.pending = []  # (step, flag, event), oldest first
+
+    def push(self, step: int, loss: torch.Tensor):
+        flag, event = torch.isfinite(loss), None
+        if loss.is_cuda:
+            host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            flag, event = host.copy_(flag, non_blocking=True), torch.cuda.Event()
+            event.record()
+        self.pending.append((step, flag, event))
+
+    def first_nonfinite(self, wait_all: bool = False):
+        """The first step whose loss was not finite, among all the steps that can be read
+        without waiting (or all steps when wait_all); None if every one was finite."""
+        while len(self.pending) > (0 if wait_all else self.lag):
+            step, flag, event = self.pending.pop(0)
+            if event is not None:
+                event.synchronize()
+            if not bool(flag):
+                return step
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The run folder: one process at a time, files replaced whole, no other run's files replaced
+
+@contextlib.contextmanager
+def run_folder_lock(out: Path):
+    """Hold OUT/.lock (fcntl.flock) while the block runs, so two processes never train in one
+    folder. The OS drops the lock when its process ends, however it ends, so the lock of a
+    killed run is taken over, never stale; so are the temporary files of its last save."""
+    try:
+        data.make_folder(out)
+        lock = open(out / LOCK, "a+")
+    except OSError as err:  # data.WriteError says it in one sentence
+        fail(err if isinstance(err, data.WriteError) else f"cannot write to --out_dir {out} "
+             f"({err.strerror}); choose a folder you can write to")
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            fail(f"{out} is in use by {lock.read().strip() or 'another process'}; wait for it to "
+                 f"end, or choose another --out_dir")
+        try:
+            lock.truncate(0)
+            lock.write(f"train.py, process {os.getpid()}\n")
+            lock.flush()
+        except OSError as err:
+            fail(f"cannot write {out / LOCK} ({err.strerror}); free space or choose another "
+                 f"--out_dir")
+        for path in out.iterdir():
+            if STALE_TEMP.fullmatch(path.name) and path.is_file():
+                path.unlink()
+        yield
+
+
+def check_run_folder(args, out: Path, config: dict) -> bool:
+    """Whether to train: False when --resume finds this very run finished. Refuses, in one
+    sentence, a folder holding files without --resume, and with --resume the folder of another
+    run: files without a config.json of train.py, or one with other run-defining settings."""
+    files = sorted(path.name for path in out.iterdir() if path.name != LOCK)
+    if files and not args.resume:
+        fail(f"{out} already holds a run ({', '.join(files[:4])}); pass --resume to continue "
+             f"it, or choose another --out_dir")
+    if not files:
+        return True
+    try:
+        recorded = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        fail(f"{out} holds {', '.join(files[:4])} but no config.json of train.py, so it is not "
+             f"a run to resume; choose another --out_dir")
+    refuse_other_settings(out, recorded, config)
+    if (out / "summary.json").exists():
+        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do")
+        return False
+    return True
+
+
+def refuse_other_settings(source, recorded: dict, config: dict):
+    """Fail, naming them, if the run-defining settings recorded in source differ from config."""
+    keys = [key for key in RUN_DEFINING if recorded.get(key) != config[key]]
+    if keys:
+        fail(f"--resume: the run of {source} was trained with {settings(recorded, keys)}, not "
+             f"{settings(config, keys)}; resume with its own settings or choose another "
+             f"--out_dir")
+
+
+def settings(config: dict, keys) -> str:
+    """The settings as options, '--lr 0.003 --steps 6'; the dataset by folder and fingerprint."""
+    return " ".join(f"--data {config.get('data')} (dataset {str(config.get(key))[:12]})"
+                    if key == "data_fingerprint" else f"--{key} {config.get(key)}"
+                    for key in keys)
+
+
+def finite_or_none(value):
+    """JSON has no NaN or ∞: a non-finite number is written as null."""
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+def write_json(path, obj: dict):
+    data.write_atomic(path, json.dumps({k: finite_or_none(v) for k, v in obj.items()},
+                                       indent=2) + "\n")
+
+
+def append_log(path: Path, record: dict):
+    with open(path, "a") as f:
+        f.write(json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n")
+
+
+def trim_log(path: Path, last_step: int):
+    """Keep the log lines up to the checkpoint's step: the steps after it are trained again,
+    and a line cut off by a kill is dropped."""
+    kept = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= last_step:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                pass
+    data.write_atomic(path, "".join(kept))
+
+
+def save(obj: dict, path: Path):
+    """torch.save through data.open_atomic: a unique temporary file, fsynced, renamed."""
+    with data.open_atomic(path) as f:
+        torch.save(obj, f)
+
+
+def save_checkpoint(out: Path, model: GPT, optimizer, loader, step: int, config: dict,
+                    init_loss: float, train_time: float):
+    """ckpt.pt: everything --resume needs, tensors and plain types only (weights_only-loadable).
+    The unwrapped model's state_dict has no `_orig_mod.` prefix, so compiled and eager runs
+    resume each other. The loader position is global, the same on every rank."""
+    device = model.output_weight.device
+    rng = {"torch": torch.get_rng_state(),
+           **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
+    save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+          "loader": loader.state_dict(), "rng": rng, "config": config, "init_loss": init_loss,
+          "train_time_s": train_time}, out / "ckpt.pt")
+
+
+def save_snapshot(out: Path, model: GPT, step: int, config: dict):
+    """ckpt_step{step:07d}.pt: the weights alone, for curves over training (analyze.py)."""
+    save({"model": model.state_dict(), "step": step, "config": config},
+         out / f"ckpt_step{step:07d}.pt")
+
+
+def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
+    """Model, optimizer, loader position and RNG from ckpt.pt; returns step, init_loss and
+    train_time_s. A checkpoint that cannot continue this run ends in one sentence."""
+    try:
+        ckpt = load_checkpoint(path)
+    except ValueError as err:
+        fail(f"{str(err).rstrip('.')}; delete it to start afresh")
+    missing = [key for key in ("optimizer", "loader", "rng", "init_loss", "train_time_s")
+               if key not in ckpt]
+    if missing:
+        fail(f"{path} holds weights but not what --resume needs ({', '.join(missing)}); "
+             f"delete it to start afresh")
+    refuse_other_settings(path, ckpt["config"], config)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as err:  # torch lists every mismatch, one per line: name the first
+        detail = next(line.strip() for line in str(err).splitlines()[1:] + [str(err)] if line)
+        fail(f"{path} holds weights that do not fit the model of its settings ({detail[:160]}); "
+             f"delete it to start afresh")
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        loader.load_state_dict(ckpt["loader"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and "cuda" in ckpt["rng"]:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        fail(f"{path} cannot continue this run ({err}); delete it to start afresh")
+    return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Speed and the console line
+
+def sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_flops(device: torch.device, dtype: str):
+    """Dense bf16 peak FLOP/s of one device, or None when unknown (CPU, other GPUs, float32)."""
+    if device.type != "cuda" or dtype != "bfloat16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+
+
+class Throughput:
+    """Tokens per second over the steps since the last restart, timed between device syncs
+    (CUDA runs asynchronously: without a sync the clock would time the queueing)."""
+
+    def __init__(self, device: torch.device, tokens_per_step: int):
+        self.device, self.tokens_per_step = device, tokens_per_step
+        self.restart()
+
+    def restart(self):
+        sync(self.device)
+        self.start, self.steps = time.perf_counter(), 0
+
+    def read(self) -> tuple[float, float]:
+        """(tokens/s, seconds per step)."""
+        sync(self.device)
+        per_step = (time.perf_counter() - self.start) / self.steps
+        return self.tokens_per_step / per_step, per_step
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def log_line(record: dict, steps: int, eta: float) -> str:
+    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read."""
+    parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
+             f"lr {record['lr']:.2e}", f"{record['tok_per_s']:,.0f} tok/s"]
+    if record["mfu"] is not None:
+        parts.append(f"MFU {record['mfu']:.1%}")
+    parts.append(f"ETA {format_duration(eta)}")
+    if "val_loss" in record:
+        parts.append(f"val {record['val_loss']:.4f}")
+    return " | ".join(parts)
