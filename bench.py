@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 import fused_loss
 import heads
+import runs
 import train
 from model import SIZES
 
@@ -123,12 +124,12 @@ def peak_memory(device, work):
     """Peak memory of one run of work() above what was held when it started, in bytes, or
     None where it cannot be measured (a CPU without Linux's /proc). Measured apart from the
     timed runs: on CPU it first releases the free heap, which makes the next run cold."""
-    train.sync(device)
+    runs.sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
         work()
-        train.sync(device)
+        runs.sync(device)
         return torch.cuda.max_memory_allocated(device) - start
     if not Path("/proc/self/clear_refs").exists():
         return None
@@ -141,10 +142,10 @@ def peak_memory(device, work):
 
 def timed(device, work):
     """Seconds of work(), between device syncs."""
-    train.sync(device)
+    runs.sync(device)
     start = time.perf_counter()
     work()
-    train.sync(device)
+    runs.sync(device)
     return time.perf_counter() - start
 
 
