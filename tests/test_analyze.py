@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import analyze
-import data
+import prepare
 import heads
 import model
 import theorem4
@@ -231,7 +231,7 @@ def write_run(run_dir, data_dir, tie, shift_per_step, steps=(0, 10)):
 @pytest.fixture(scope="module")
 def markov_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("markov")
-    data.prepare_synthetic("markov", VOCAB, 120_000, out, seed=0, seq_len=64)
+    prepare.prepare_synthetic("markov", VOCAB, 120_000, out, seed=0, seq_len=64)
     return out
 
 

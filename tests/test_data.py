@@ -1,4 +1,5 @@
-"""data.py: shard format, GPT-2 text, synthetic languages, the rank-strided loader, download."""
+"""data.py (shard format, the rank-strided loader, safe writes) and prepare.py (GPT-2 text,
+synthetic languages, download)."""
 import errno
 import hashlib
 import http.server
@@ -17,6 +18,7 @@ import tiktoken
 import torch
 
 import data
+import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 PARADISE = Path(__file__).parent / "assets" / "paradise_regained.txt"
@@ -73,9 +75,9 @@ def test_header_validation_catches_each_corruption(tmp_path, how, message):
 
 
 def test_missing_data_names_the_command(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no train shards .*python data.py fineweb"):
+    with pytest.raises(FileNotFoundError, match=r"no train shards .*python prepare.py fineweb"):
         data.ShardLoader(tmp_path / "nowhere", 2, 8)
-    with pytest.raises(SystemExit, match="python data.py text FILES"):
+    with pytest.raises(SystemExit, match="python prepare.py text FILES"):
         data.main(["bench", "--data", str(tmp_path)])
 
 
@@ -87,7 +89,7 @@ def test_write_shard_refuses_ids_beyond_uint16(tmp_path):
 
 # ----------------------------------------------------------------------------- GPT-2 text
 def test_gpt2_ids():
-    enc = data.gpt2_encoding()
+    enc = prepare.gpt2_encoding()
     assert enc.encode_ordinary("Hello world") == [15496, 995]
     assert enc.eot_token == data.EOT == 50256
 
@@ -97,15 +99,15 @@ def test_missing_vocabulary_says_how_to_seed_the_cache(monkeypatch):
         raise ConnectionError("no network")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
     with pytest.raises(RuntimeError, match="ConnectionError.*set TIKTOKEN_CACHE_DIR"):
-        data.gpt2_encoding()
+        prepare.gpt2_encoding()
 
 
 def test_text_pieces_tokenize_exactly_like_the_whole_text():
     text = PARADISE.read_text(encoding="utf-8")
-    pieces = data.text_pieces(text, max_chars=3000)
+    pieces = prepare.text_pieces(text, max_chars=3000)
     assert len(pieces) > 30 and "".join(pieces) == text
     assert max(map(len, pieces)) <= 3000
-    enc = data.gpt2_encoding()
+    enc = prepare.gpt2_encoding()
     whole = enc.encode_ordinary(text)
     assert sum((enc.encode_ordinary(p) for p in pieces), []) == whole
 
@@ -114,11 +116,11 @@ def test_text_to_shards_to_loader_decodes_back(tmp_path):
     second = tmp_path / "second.txt"
     second.write_text("A second document.\n\nIt ends here.", encoding="utf-8")
     out = tmp_path / "text"
-    data.main(["text", str(PARADISE), str(second), "--out", str(out), "--workers", "2"])
+    prepare.main(["text", str(PARADISE), str(second), "--out", str(out), "--workers", "2"])
     assert sorted(p.name for p in out.iterdir()) == \
         ["manifest.json", "text_train_000000.bin", "text_val_000000.bin"]
     train, val = (data.read_shard(p) for p in sorted(out.glob("*.bin")))
-    enc = data.gpt2_encoding()
+    enc = prepare.gpt2_encoding()
     expected = "<|endoftext|>" + PARADISE.read_text(encoding="utf-8") + "<|endoftext|>" + \
         second.read_text(encoding="utf-8")
     stream = np.concatenate([train, val])
@@ -138,7 +140,7 @@ def test_empty_text_file_is_refused(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n", encoding="utf-8")
     with pytest.raises(SystemExit, match="empty.txt is empty"):
-        data.main(["text", str(PARADISE), str(empty), "--out", str(tmp_path / "out")])
+        prepare.main(["text", str(PARADISE), str(empty), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
@@ -209,7 +211,7 @@ def test_check_vocab(tmp_path):
 
 # ----------------------------------------------------------------------------- synthetic
 def test_synthetic_repeat_rows_are_constant(tmp_path):
-    data.main(["synthetic", "--task", "repeat", "--vocab", "50", "--tokens", "20000",
+    prepare.main(["synthetic", "--task", "repeat", "--vocab", "50", "--tokens", "20000",
                "--seq_len", "16", "--out", str(tmp_path), "--seed", "3"])
     for split in ("train", "val"):
         loader = data.ShardLoader(tmp_path, 8, 16, split=split)
@@ -222,17 +224,17 @@ def test_synthetic_repeat_rows_are_constant(tmp_path):
 
 
 def test_synthetic_repeat_never_uses_eot():
-    tokens = data.synthesize_repeat(50257, 40000, 4, seed=0)
+    tokens = prepare.synthesize_repeat(50257, 40000, 4, seed=0)
     assert data.EOT not in tokens and tokens.max() < 50257
 
 
 def test_synthetic_markov_has_the_claimed_statistics(tmp_path):
     V, seed = 6, 1
-    data.main(["synthetic", "--task", "markov", "--vocab", str(V), "--tokens", "300000",
+    prepare.main(["synthetic", "--task", "markov", "--vocab", str(V), "--tokens", "300000",
                "--out", str(tmp_path), "--seed", str(seed)])
     P = np.load(tmp_path / "markov_transition.npy")
     pi = np.load(tmp_path / "markov_stationary.npy")
-    np.testing.assert_array_equal(P, data.markov_transition(V, seed))
+    np.testing.assert_array_equal(P, prepare.markov_transition(V, seed))
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-12)
     np.testing.assert_allclose(pi @ P, pi, atol=1e-12)
     tokens = np.concatenate([data.read_shard(p) for p in sorted(tmp_path.glob("*.bin"))[::-1]])
@@ -244,16 +246,16 @@ def test_synthetic_markov_has_the_claimed_statistics(tmp_path):
     freq = np.bincount(tokens, minlength=V) / len(tokens)
     assert np.abs(freq - pi).max() < 0.01
     # the same seed gives the same language; another seed another one
-    assert not np.allclose(P, data.markov_transition(V, seed + 1))
+    assert not np.allclose(P, prepare.markov_transition(V, seed + 1))
 
 
 def test_synthetic_refuses_bad_settings(tmp_path):
     with pytest.raises(SystemExit, match="2 ≤ --vocab ≤ 4096"):
-        data.main(["synthetic", "--task", "markov", "--vocab", "50304", "--tokens", "1000",
+        prepare.main(["synthetic", "--task", "markov", "--vocab", "50304", "--tokens", "1000",
                    "--out", str(tmp_path)])
     make_shards(tmp_path / "mixed", "train", [10])
     with pytest.raises(SystemExit, match="already holds other shards"):
-        data.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+        prepare.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
                    "--out", str(tmp_path / "mixed")])
 
 
@@ -321,7 +323,7 @@ def test_download_resumes_a_transfer_that_breaks_off(server, tmp_path, capsys):
     url, source = server
     ShardServer.cut_first = {"fineweb_train_000001.bin"}
     out = tmp_path / "fw"
-    data.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
+    prepare.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
     assert sorted(p.name for p in out.iterdir()) == \
         sorted([p.name for p in source.iterdir()] + ["manifest.json"])
     recorded = data.read_manifest(out)["files"]
@@ -332,7 +334,7 @@ def test_download_resumes_a_transfer_that_breaks_off(server, tmp_path, capsys):
     half = (len(ShardServer.files["fineweb_train_000001.bin"])) // 2
     assert ShardServer.ranges == [None, None, f"bytes={half}-"]
     assert "MB/s" in capsys.readouterr().out
-    data.fetch_fineweb(out, train_shards=1, base_url=url)                # all there: nothing fetched again
+    prepare.fetch_fineweb(out, train_shards=1, base_url=url)     # all there: nothing fetched again
     assert len(ShardServer.ranges) == 3
 
 
@@ -343,7 +345,7 @@ def test_download_completes_an_existing_part_file(server, tmp_path, monkeypatch)
     out.mkdir()
     body = (source / "fineweb_val_000000.bin").read_bytes()
     (out / "fineweb_val_000000.bin.part").write_bytes(body[:1500])
-    data.fetch_fineweb(out, train_shards=1)
+    prepare.fetch_fineweb(out, train_shards=1)
     assert ShardServer.ranges[0] == "bytes=1500-"
     assert (out / "fineweb_val_000000.bin").read_bytes() == body
     assert not list(out.glob("*.part"))
@@ -354,21 +356,21 @@ def test_corrupt_download_is_rejected_and_leaves_no_file(server, tmp_path):
     ShardServer.files["fineweb_val_000000.bin"] = b"\x07" * 3000
     out = tmp_path / "fw"
     with pytest.raises(ValueError, match="is corrupt and was deleted .*magic number"):
-        data.fetch_fineweb(out, train_shards=1, base_url=url)
+        prepare.fetch_fineweb(out, train_shards=1, base_url=url)
     assert not list(out.iterdir())
 
 
 def test_missing_shard_and_offline_errors(server, tmp_path):
     url, _ = server
     with pytest.raises(SystemExit, match="HTTP 404.*check --shards"):
-        data.main(["fineweb", "--shards", "2", "--out", str(tmp_path / "fw"), "--base_url", url])
+        prepare.main(["fineweb", "--shards", "2", "--out", str(tmp_path / "fw"), "--base_url", url])
     assert not list((tmp_path / "fw").glob("*train_000002*"))
     with socket.socket() as s:                              # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/resolve/main"
     with pytest.raises(SystemExit, match=r"offline, train on local text instead: "
-                                         r"`python data.py text FILES --out DIR`"):
-        data.main(["fineweb", "--out", str(tmp_path / "dead"), "--base_url", dead])
+                                         r"`python prepare.py text FILES --out DIR`"):
+        prepare.main(["fineweb", "--out", str(tmp_path / "dead"), "--base_url", dead])
 
 
 def sha256(raw):
@@ -388,7 +390,7 @@ def test_a_resumed_reply_must_continue_where_the_part_file_ends(server, tmp_path
     (out / "fineweb_val_000000.bin.part").write_bytes(body[:1500])
     ShardServer.range_from_zero = True                      # 206, but from byte 0
     with pytest.raises(SystemExit, match=r"bytes from 1500 with Content-Range 'bytes 0-"):
-        data.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
+        prepare.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
     assert (out / "fineweb_val_000000.bin.part").read_bytes() == body[:1500]  # kept as it was
     assert not (out / "fineweb_val_000000.bin").exists()
 
@@ -398,13 +400,13 @@ def test_download_must_match_the_sha256_the_server_states(server, tmp_path, via_
     url, source = server
     ShardServer.via_hub = via_hub                           # X-Linked-Etag on a 302, or ETag
     ShardServer.hashes = {name: sha256(raw) for name, raw in ShardServer.files.items()}
-    data.fetch_fineweb(tmp_path / "good", train_shards=1, base_url=url)
+    prepare.fetch_fineweb(tmp_path / "good", train_shards=1, base_url=url)
     recorded = data.read_manifest(tmp_path / "good")["files"]
     assert {name: e["sha256"] for name, e in recorded.items()} == ShardServer.hashes
     ShardServer.files["fineweb_train_000001.bin"] = tamper(ShardServer.files["fineweb_train_000001.bin"])
     with pytest.raises(ValueError, match="corrupt and was deleted .*sha256 differs from the "
                                          + ShardServer.hashes["fineweb_train_000001.bin"]):
-        data.fetch_fineweb(tmp_path / "bad", train_shards=1, base_url=url)
+        prepare.fetch_fineweb(tmp_path / "bad", train_shards=1, base_url=url)
     assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == \
         ["fineweb_val_000000.bin", "manifest.json"]
 
@@ -412,12 +414,12 @@ def test_download_must_match_the_sha256_the_server_states(server, tmp_path, via_
 def test_shards_recorded_by_no_manifest_are_recorded_without_downloading(server, tmp_path):
     url, _ = server
     out = tmp_path / "fw"
-    data.fetch_fineweb(out, train_shards=1, base_url=url)
+    prepare.fetch_fineweb(out, train_shards=1, base_url=url)
     fingerprint = data.check_dataset(out)
     (out / "manifest.json").unlink()                        # an older data.py, or a kill
     assert data.check_dataset(out) != fingerprint           # sizes only, still accepted
     requests = len(ShardServer.ranges)
-    data.fetch_fineweb(out, train_shards=1, base_url=url)
+    prepare.fetch_fineweb(out, train_shards=1, base_url=url)
     assert len(ShardServer.ranges) == requests and data.check_dataset(out) == fingerprint
 
 
@@ -425,21 +427,21 @@ def test_disk_full_during_a_download_says_so(server, tmp_path, monkeypatch):
     url, _ = server
     fill_disk_under(tmp_path / "fw", monkeypatch)
     with pytest.raises(SystemExit) as failure:
-        data.main(["fineweb", "--shards", "1", "--out", str(tmp_path / "fw"), "--base_url", url])
+        prepare.main(["fineweb", "--shards", "1", "--out", str(tmp_path / "fw"), "--base_url", url])
     message = str(failure.value)
-    assert re.fullmatch(r"data.py fineweb: error: the disk is full: could not write \S+"
+    assert re.fullmatch(r"prepare.py fineweb: error: the disk is full: could not write \S+"
                         r"fineweb_val_000000.bin.part \([\d,]+ bytes free on /\S*\)", message)
     assert "offline" not in message
 
 
 def test_fineweb100b_is_the_default_and_only_the_shards_a_run_reads_are_fetched():
     paper_tokens = 100_000 * 64 * 2048                      # steps × batch × seq_len
-    assert data.DEFAULT_DATA == "data/fineweb100B"
-    assert data.shards_needed(paper_tokens) == 132          # 13.1B tokens: 131.07 shards
-    assert data.shards_needed(paper_tokens, "fineweb10B") == 103   # all it has: 10.3B
-    assert data.shards_needed(1) == 1
+    assert prepare.DEFAULT_DATA == "data/fineweb100B"
+    assert prepare.shards_needed(paper_tokens) == 132          # 13.1B tokens: 131.07 shards
+    assert prepare.shards_needed(paper_tokens, "fineweb10B") == 103   # all it has: 10.3B
+    assert prepare.shards_needed(1) == 1
     with pytest.raises(ValueError, match="fineweb10B has 103 train shards; ask for 1 to 103"):
-        data.fetch_fineweb("unused", "fineweb10B", 104)
+        prepare.fetch_fineweb("unused", "fineweb10B", 104)
 
 
 # ----------------------------------------------------------------------------- safe writes
@@ -488,7 +490,7 @@ def test_write_atomic_uses_a_unique_temporary_name_and_names_the_failure(tmp_pat
 def prepare_small_text(out, text):
     source = out.parent / f"{out.name}.txt"
     source.write_text(text, encoding="utf-8")
-    data.prepare_text([source], out, workers=1)
+    prepare.prepare_text([source], out, workers=1)
 
 
 def contents(folder):
@@ -517,7 +519,7 @@ def test_a_failed_rewrite_leaves_the_old_dataset_intact(tmp_path, monkeypatch):
 def test_an_interrupted_swap_is_refused_by_every_reader(tmp_path, monkeypatch):
     out = tmp_path / "ds"
     prepare_small_text(out, "The old text, line after line.\n" * 200)
-    real, renames = data._rename, []
+    real, renames = data.rename, []
 
     def killed_after_one(source, target):                   # of the shards renamed into out
         if Path(target).parent == out and Path(target).name.endswith(".bin"):
@@ -525,7 +527,7 @@ def test_an_interrupted_swap_is_refused_by_every_reader(tmp_path, monkeypatch):
                 raise KeyboardInterrupt                     # a kill between two renames
             renames.append(target)
         real(source, target)
-    monkeypatch.setattr(data, "_rename", killed_after_one)
+    monkeypatch.setattr(data, "rename", killed_after_one)
     with pytest.raises(KeyboardInterrupt):
         prepare_small_text(out, "Quite another text now.\n" * 300)
     monkeypatch.undo()
@@ -566,7 +568,7 @@ def test_a_directory_named_like_a_shard_is_refused(tmp_path):
                                          r"file; rename or remove it"):
         data.ShardLoader(tmp_path, 2, 8)
     with pytest.raises(SystemExit, match=r"t_train_000000.bin is a file; give a folder$"):
-        data.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+        prepare.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
                    "--out", str(tmp_path / "t_train_000000.bin")])
 
 
@@ -588,14 +590,14 @@ def test_text_files_are_tokenized_once_into_a_cache(tmp_path, monkeypatch):
     text = tmp_path / "story.txt"
     text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
     cache = tmp_path / "cache"
-    folder = data.text_dataset([text], cache_root=cache, workers=1)
+    folder = prepare.text_dataset([text], cache_root=cache, workers=1)
     assert folder.parent == cache and folder.name.startswith("story-")
     fingerprint = data.check_dataset(folder)
-    monkeypatch.setattr(data, "tokenize_texts", None)       # a second tokenizing would fail
-    assert data.text_dataset([text], cache_root=cache) == folder
+    monkeypatch.setattr(prepare, "tokenize_texts", None)       # a second tokenizing would fail
+    assert prepare.text_dataset([text], cache_root=cache) == folder
     monkeypatch.undo()
     text.write_text("Once upon another time.\n" * 300, encoding="utf-8")
-    edited = data.text_dataset([text], cache_root=cache, workers=1)
+    edited = prepare.text_dataset([text], cache_root=cache, workers=1)
     assert edited != folder and data.check_dataset(edited) != fingerprint
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["source"]["key"] = "0" * 64                    # the cache changed under its name
@@ -603,25 +605,28 @@ def test_text_files_are_tokenized_once_into_a_cache(tmp_path, monkeypatch):
     text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
     with pytest.raises(ValueError, match=f"the cached dataset {re.escape(str(folder))} does not "
                                          f"hold the tokens of .*story.txt"):
-        data.text_dataset([text], cache_root=cache)
+        prepare.text_dataset([text], cache_root=cache)
 
 
 # ----------------------------------------------------------------------------- command line
-@pytest.mark.parametrize("argv, message", [
-    (["bench", "--steps", "-5"], "argument --steps: -5 is invalid; give an integer > 0"),
-    (["bench", "--batch_size", "0"], "argument --batch_size: 0 is invalid; give an integer > 0"),
-    (["fineweb", "--shards", "0"], "argument --shards: 0 is invalid"),
-    (["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "-1", "--out", "x"],
+@pytest.mark.parametrize("script, argv, message", [
+    (data, ["bench", "--data", "x", "--steps", "-5"],
+     "argument --steps: -5 is invalid; give an integer > 0"),
+    (data, ["bench", "--data", "x", "--batch_size", "0"],
+     "argument --batch_size: 0 is invalid; give an integer > 0"),
+    (prepare, ["fineweb", "--shards", "0"], "argument --shards: 0 is invalid"),
+    (prepare, ["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "-1", "--out", "x"],
      "argument --tokens: -1 is invalid"),
-    (["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "99", "--out", "x",
-      "--seed", "-1"], "argument --seed: -1 is invalid; give an integer >= 0"),
-    (["text", "a.txt", "--out", "x", "--val_fraction", "1.5"],
+    (prepare, ["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "99", "--out", "x",
+               "--seed", "-1"], "argument --seed: -1 is invalid; give an integer >= 0"),
+    (prepare, ["text", "a.txt", "--out", "x", "--val_fraction", "1.5"],
      "argument --val_fraction: 1.5 is invalid; give a number strictly between 0 and 1"),
-    (["text", "a.txt", "--out", "x", "--workers", "two"], "argument --workers: 'two' is not a number"),
+    (prepare, ["text", "a.txt", "--out", "x", "--workers", "two"],
+     "argument --workers: 'two' is not a number"),
 ])
-def test_nonsense_numbers_are_refused(argv, message, capsys):
+def test_nonsense_numbers_are_refused(script, argv, message, capsys):
     with pytest.raises(SystemExit) as exit:
-        data.main(argv)
+        script.main(argv)
     assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -633,8 +638,9 @@ sys.modules["tiktoken"] = None                              # `import tiktoken` 
 import data
 x, y = data.ShardLoader({str(tmp_path)!r}, 2, 8).next_batch()
 assert y[0, 0].item() == 1
+import prepare
 try:
-    data.gpt2_encoding()
+    prepare.gpt2_encoding()
 except RuntimeError as err:
     print(err)
 """
@@ -647,15 +653,15 @@ except RuntimeError as err:
 def test_two_runs_caching_the_same_text_at_once_share_one_folder(tmp_path, monkeypatch):
     text = tmp_path / "story.txt"
     text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
-    real, calls, theirs = data.tokenize_texts, [], {}
+    real, calls, theirs = prepare.tokenize_texts, [], {}
 
     def meanwhile_another_run_finishes(texts, workers=None):
         calls.append(1)
         if len(calls) == 1:                                 # the other run, while we tokenize
-            other = data.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
+            other = prepare.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
             theirs.update({p.name: p.stat().st_ino for p in other.iterdir()})
         return real(texts, workers)
-    monkeypatch.setattr(data, "tokenize_texts", meanwhile_another_run_finishes)
-    folder = data.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
+    monkeypatch.setattr(prepare, "tokenize_texts", meanwhile_another_run_finishes)
+    folder = prepare.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
     assert len(calls) == 2 and [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == theirs  # used, not replaced

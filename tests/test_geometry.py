@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import data
+import prepare
 import geometry
 from test_analyze import VOCAB, gaussian, markov_dir, runs, tiny_model  # noqa: F401 (fixtures)
 
@@ -38,8 +39,8 @@ def test_unrelated_matrices_are_not_aligned():
 
 def test_markov_signatures_equal_the_generating_probabilities(markov_dir):
     """Label signature = P; context signature at −k = π_b (Pᵏ)_ba / π_a (the reversed chain)."""
-    P = data.markov_transition(VOCAB, 0)
-    pi = data.markov_stationary(P)
+    P = prepare.markov_transition(VOCAB, 0)
+    pi = prepare.markov_stationary(P)
     tokens = geometry.training_tokens(markov_dir, 10**9)
     ids = np.arange(VOCAB)
     rows = np.bincount(tokens, minlength=VOCAB)
@@ -118,7 +119,7 @@ def test_repeat_floor_leaves_out_eot():
 
 def test_the_loader_cuts_repeat_windows_as_the_floor_assumes(tmp_path):
     V, T = 5, 4
-    data.prepare_synthetic("repeat", V, 2000, tmp_path, seq_len=T)
+    prepare.prepare_synthetic("repeat", V, 2000, tmp_path, seq_len=T)
     for split in ("train", "val"):
         loader = data.ShardLoader(tmp_path, 3, T, split=split)
         for _ in range(5):
@@ -178,7 +179,7 @@ def test_cli_errors_are_one_sentence(runs, tmp_path):
 
 def test_cli_trivial_trains_one_vocabulary_end_to_end(tmp_path):
     # data already there (as after an interrupted sweep) is reused: only train.py runs
-    data.prepare_synthetic("repeat", 8, 2000, tmp_path / "repeat_V8_T16_N2000", seq_len=16)
+    prepare.prepare_synthetic("repeat", 8, 2000, tmp_path / "repeat_V8_T16_N2000", seq_len=16)
     out = cli("trivial", "--out", tmp_path, "--vocabs", 8, "--steps", 1, "--seqs_per_token", 1,
               "--batch_size", 2, "--seq_len", 16, "--trivial_tokens", 2000,
               "--plot", tmp_path / "t.png", "--train_args", "--lr", "1e-3")

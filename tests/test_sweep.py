@@ -628,8 +628,8 @@ def started(output):
 def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # two runs at once on two cores
     shards = tmp_path / "shards"
-    subprocess.run([sys.executable, str(ROOT / "data.py"), "text", str(TEXT), "--out", str(shards)],
-                   check=True, capture_output=True, env=env)
+    subprocess.run([sys.executable, str(ROOT / "prepare.py"), "text", str(TEXT), "--out",
+                    str(shards)], check=True, capture_output=True, env=env)
     out = tmp_path / "sweep"
     # --gpus 0,1: two runs at once, each with its own log file (CUDA_VISIBLE_DEVICES is moot on CPU)
     command = [sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "custom",

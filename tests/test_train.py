@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import data
+import prepare
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,14 +44,14 @@ def one_thread():
 @pytest.fixture(scope="module")
 def text_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("text")
-    data.prepare_text([TEXT], out, workers=1)
+    prepare.prepare_text([TEXT], out, workers=1)
     return out
 
 
 @pytest.fixture(scope="module")
 def markov_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("markov")
-    data.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=out, seq_len=32)
+    prepare.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=out, seq_len=32)
     return out
 
 
@@ -164,12 +165,12 @@ def test_two_processes_equal_one_with_twice_the_accumulation(markov_data, finewe
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                       str(probe), *tiny(data.DEFAULT_DATA, tmp_path / "two", "--head",
+                       str(probe), *tiny(prepare.DEFAULT_DATA, tmp_path / "two", "--head",
                                          "mu_center")],
                       cwd=tmp_path, PROBE_OUT=str(tmp_path),
-                      **{data.BASE_URL_ENV: fineweb_mirror})
+                      **{prepare.BASE_URL_ENV: fineweb_mirror})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / data.DEFAULT_DATA / "fineweb_train_000001.bin").exists()
+    assert (tmp_path / prepare.DEFAULT_DATA / "fineweb_train_000001.bin").exists()
 
     one, two = read_log(tmp_path / "one"), read_log(tmp_path / "two")
     assert [r["step"] for r in two] == [r["step"] for r in one]
@@ -383,7 +384,8 @@ def test_resume_refuses_other_settings_data_or_dtype_even_when_finished(markov_d
     assert "was trained with --dtype float32, not --dtype bfloat16" in \
         error_of(tiny(markov_data, run, "--resume", "--dtype", "bfloat16", steps=2), capsys)
     other = tmp_path / "other"                           # another Markov language
-    data.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=other, seq_len=32, seed=1)
+    prepare.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=other, seq_len=32,
+                              seed=1)
     message = error_of(tiny(other, run, "--resume", steps=2), capsys)
     assert f"trained with --data {markov_data} (dataset " in message
     assert f", not --data {other} (dataset " in message
@@ -484,19 +486,19 @@ def test_command_line_errors_come_without_a_traceback(tmp_path):
 # the default data: fetched when missing
 
 def test_default_data_is_fetched_when_missing(fineweb_mirror, tmp_path, monkeypatch):
-    monkeypatch.setenv(data.BASE_URL_ENV, fineweb_mirror)
+    monkeypatch.setenv(prepare.BASE_URL_ENV, fineweb_mirror)
     monkeypatch.chdir(tmp_path)                   # the default --data is a relative path
-    train.main(tiny(data.DEFAULT_DATA, "run", steps=2))
-    assert sorted(p.name for p in Path(data.DEFAULT_DATA).glob("*.bin")) == \
+    train.main(tiny(prepare.DEFAULT_DATA, "run", steps=2))
+    assert sorted(p.name for p in Path(prepare.DEFAULT_DATA).glob("*.bin")) == \
         ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]
     assert read_summary("run")["diverged"] is False
 
 
 def test_default_data_offline_says_how_to_train_on_local_text(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(data.BASE_URL_ENV, "http://127.0.0.1:9")   # nothing listens there
+    monkeypatch.setenv(prepare.BASE_URL_ENV, "http://127.0.0.1:9")   # nothing listens there
     monkeypatch.chdir(tmp_path)
-    message = error_of(tiny(data.DEFAULT_DATA, "run"), capsys)
-    assert f"the FineWeb download into {data.DEFAULT_DATA} failed" in message
+    message = error_of(tiny(prepare.DEFAULT_DATA, "run"), capsys)
+    assert f"the FineWeb download into {prepare.DEFAULT_DATA} failed" in message
     assert "to train on local text instead, pass the text files as --data" in message
 
 

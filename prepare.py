@@ -1,0 +1,571 @@
+"""Making token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
+
+Every source ends as a dataset folder in data.py's format (llm.c shards plus a manifest,
+written as a unit by `data.write_dataset`), so train.py reads them all alike
+(`python prepare.py --help`):
+
+    python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
+    python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
+    python prepare.py synthetic --task markov --vocab 64 --tokens 10000000 --out data/markov
+
+- fineweb: downloads pre-tokenized shards, resuming broken transfers and checking each
+  shard (and its sha256 where the server states it) before it joins the dataset.
+- text: each file is one document, [EOT] + its GPT-2 tokens, tokenized in parallel pieces
+  that give exactly the tokens of the whole; the last tenth (--val_fraction) is the val split.
+  `python train.py --data FILES` tokenizes them once into a cache (`text_dataset`).
+- synthetic: `repeat` (sequences of one repeated token) and `markov` (a random first-order
+  chain whose entropy rate, the best reachable loss, is known and stored with it).
+
+It imports data.py and nothing else of its project (tiktoken only when text is tokenized).
+"""
+import argparse
+import hashlib
+import http.client
+import io
+import json
+import math
+import multiprocessing
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from bisect import bisect_right
+from pathlib import Path
+
+import numpy as np
+
+import data
+from data import fraction, non_negative_int, positive_int
+
+# ----------------------------------------------------------------------------- defaults
+FINEWEB_DATASETS = {                  # name -> (Hugging Face dataset, train shards it holds)
+    "fineweb10B": ("kjj0/fineweb10B-gpt2", 103),
+    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028),
+}
+DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
+DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
+BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)
+DOWNLOAD_TIMEOUT_S = 60
+DOWNLOAD_RETRIES = 5                  # resumed attempts after a transfer breaks off
+VAL_FRACTION = 0.1                    # share of tokens put in the val shard by `text`/`synthetic`
+PIECE_CHARS = 1_000_000               # text piece handed to one tokenizer process
+MARKOV_ALPHA = 0.2                    # Dirichlet concentration of each transition row
+MARKOV_MAX_VOCAB = 4096               # the V×V float64 matrix stays ≤ 128 MiB
+MARKOV_CHAIN_TOKENS = 100_000         # tokens per independent chain (see synthesize_markov)
+GPT2_VOCAB_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+
+
+# ----------------------------------------------------------------------------- train / val
+def _split_train_val(tokens, val_fraction, align=1):
+    """Train = the first part, val = the last ⌈val_fraction·n⌉ tokens (rounded to `align`)."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}")
+    n_val = -(-int(np.ceil(val_fraction * len(tokens))) // align) * align
+    if n_val >= len(tokens):
+        raise ValueError(f"{len(tokens)} tokens are too few to split into train and val "
+                         f"with --val_fraction {val_fraction}; provide more data")
+    return {"train": tokens[:-n_val], "val": tokens[-n_val:]}
+
+
+# ----------------------------------------------------------------------------- GPT-2 text
+def gpt2_encoding():
+    """tiktoken's GPT-2 encoding (50257 tokens, <|endoftext|> = EOT = 50256).
+
+    tiktoken is imported here, not at the top: reading shards needs no tokenizer. It
+    downloads vocab.bpe and encoder.json on first use and caches them in
+    TIKTOKEN_CACHE_DIR under the sha1 of their URL; offline, that cache must be seeded."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise RuntimeError("tokenizing text needs tiktoken, which is not installed; "
+                           "run `pip install tiktoken`") from None
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
+        names = ", ".join(f"{name} as {hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()}"
+                          for name in ("vocab.bpe", "encoder.json"))
+        raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(err).__name__}); "
+                           f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
+                           f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from err
+
+
+def text_pieces(text, max_chars=PIECE_CHARS):
+    """Cut text into pieces of about ≤ max_chars at line ends, for parallel tokenizing.
+
+    A cut sits just before a newline that follows a non-space character. GPT-2's
+    pre-tokenizer regex has no look-behind, and none of its patterns carries a run of
+    letters, digits or punctuation on into whitespace, so a pre-token ends there in the
+    whole text too: the tokens of the pieces, concatenated, equal the tokens of the whole."""
+    cuts = [m.start() for m in re.finditer(r"(?<=\S)\n", text)]
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        i = bisect_right(cuts, start + max_chars) - 1
+        if i < 0 or cuts[i] <= start:          # no line end in reach: take the next one after
+            i = bisect_right(cuts, start)
+            if i == len(cuts):
+                break
+        pieces.append(text[start:cuts[i]])
+        start = cuts[i]
+    pieces.append(text[start:])
+    return pieces
+
+
+def _encode_piece(text):
+    """Worker: GPT-2 tokens of one text piece (loaded once per process by tiktoken)."""
+    return np.array(gpt2_encoding().encode_ordinary(text), dtype=np.uint16)
+
+
+def read_texts(files):
+    """The files' text (UTF-8), each checked to exist and to hold more than whitespace."""
+    texts = []
+    for f in files:
+        path = Path(f)
+        if not path.is_file():
+            raise FileNotFoundError(f"text file {path} does not exist; check the path")
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                             f"convert it to UTF-8 first") from None
+        if not texts[-1].strip():
+            raise ValueError(f"{path} is empty (no text to tokenize); remove it from the list")
+    return texts
+
+
+def tokenize_texts(texts, workers=None):
+    """All texts as one token stream: each is one document, [EOT] + its tokens.
+
+    Large texts are cut at line ends (text_pieces) and the pieces tokenized by
+    a pool of processes; the result is identical to tokenizing each text whole."""
+    pieces, starts = [], []                # starts[k]: is pieces[k] the first of a document?
+    for text in texts:
+        doc = text_pieces(text)
+        pieces += doc
+        starts += [True] + [False] * (len(doc) - 1)
+    gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
+    workers = min(workers or os.cpu_count() or 1, len(pieces))
+    if workers > 1:
+        with multiprocessing.get_context().Pool(workers) as pool:
+            encoded = pool.map(_encode_piece, pieces, chunksize=1)
+    else:
+        encoded = [_encode_piece(p) for p in pieces]
+    eot = np.array([data.EOT], dtype=np.uint16)
+    return np.concatenate([part for first, toks in zip(starts, encoded)
+                           for part in ((eot, toks) if first else (toks,))])
+
+
+def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None):
+    """Tokenize text files into `text_train_*.bin` / `text_val_*.bin` (val = the last part)."""
+    texts = read_texts(files)
+    return _write_text_dataset(files, texts, out_dir, val_fraction, workers)
+
+
+def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
+    """The shard folder of these text files: tokenized on first use, reused after that.
+
+    The folder, `cache_root/{first file's stem}-{key}`, is named by a key: the sha256 of
+    the texts (in order), the tokenizer and val_fraction. The same text finds the same
+    folder, checked before use; edited text gets a new folder, hence another dataset
+    fingerprint, which a resumed run compares. A folder whose manifest records another key
+    than its name (changed under the cache) is refused."""
+    texts = read_texts(files)
+    key = _text_key(texts, val_fraction)
+    folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
+    if not (folder / data.MANIFEST).exists():  # new, or another run is writing it now
+        try:
+            _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
+        except FileExistsError:
+            pass                               # a concurrent run wrote the same folder
+    recorded = (data.read_manifest(folder) or {}).get("source", {}).get("key")
+    if recorded != key:
+        raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
+                         f"{', '.join(map(str, files))} (its manifest records other text); "
+                         f"delete {folder} and run again")
+    data.check_dataset(folder)
+    return folder
+
+
+def _text_key(texts, val_fraction):
+    digests = [hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts]
+    description = json.dumps({"texts": digests, "tokenizer": "gpt2", "val_fraction": val_fraction})
+    return hashlib.sha256(description.encode()).hexdigest()
+
+
+def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=True):
+    t0 = time.perf_counter()
+    tokens = tokenize_texts(texts, workers)
+    seconds = time.perf_counter() - t0
+    source = {"kind": "text", "files": [str(f) for f in files], "tokenizer": "gpt2",
+              "val_fraction": val_fraction, "key": _text_key(texts, val_fraction)}
+    written = data.write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
+                                 replace=replace)
+    print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
+          f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
+    return written
+
+
+# ----------------------------------------------------------------------------- synthetic tasks
+def _synthetic_rng(seed, stream):
+    """Independent random streams per (seed, purpose), so the matrix ignores --tokens."""
+    return np.random.default_rng([seed, stream])
+
+
+def synthesize_repeat(vocab, n_tokens, seq_len, seed):
+    """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT.
+
+    The trivial pattern of the gradient-bottleneck study: within a sequence the next token
+    is certain, P(y = x) = 1. With train.py's --seq_len equal to this seq_len, every input
+    row x is one sequence; only a row's last target y[-1] starts the next sequence (as at
+    a document boundary), and is uniform. A causal model without absolute positions (RoPE
+    is relative) has the same hidden state at every position of such a row, so it cannot
+    single out that last position: its floor is the loss of the best constant prediction,
+    above 0 (analyze.py derives it)."""
+    choices = np.arange(vocab)
+    choices = choices[choices != data.EOT]
+    firsts = _synthetic_rng(seed, 1).choice(choices, size=n_tokens // seq_len)
+    return np.repeat(firsts, seq_len).astype(np.uint16)
+
+
+def markov_transition(vocab, seed):
+    """A random first-order Markov language: P[i, j] = P(next = j | token = i), V×V float64.
+
+    Each row is drawn from a symmetric Dirichlet(MARKOV_ALPHA); all entries are positive,
+    so the chain is irreducible and aperiodic and has one stationary distribution π."""
+    if not 2 <= vocab <= MARKOV_MAX_VOCAB:
+        raise ValueError(f"the markov task needs 2 ≤ --vocab ≤ {MARKOV_MAX_VOCAB} "
+                         f"(its V×V matrix is stored), got {vocab}")
+    P = _synthetic_rng(seed, 0).dirichlet(np.full(vocab, MARKOV_ALPHA), size=vocab)
+    return P / P.sum(axis=1, keepdims=True)
+
+
+def markov_stationary(P, tol=1e-13):
+    """π with π P = π and Σπ = 1, by power iteration (fast: random dense rows mix at once)."""
+    pi = np.full(len(P), 1.0 / len(P))
+    for _ in range(100_000):
+        nxt = pi @ P
+        if np.abs(nxt - pi).sum() < tol:
+            break
+        pi = nxt
+    return nxt / nxt.sum()
+
+
+def markov_entropy_rate(P, pi):
+    """H = −Σᵢ πᵢ Σⱼ Pᵢⱼ ln Pᵢⱼ nats: the lowest cross-entropy any model can reach."""
+    return float(-(pi[:, None] * P * np.log(P)).sum())
+
+
+def synthesize_markov(P, n_tokens, seed):
+    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains laid end to end.
+
+    Each chain starts from π and so is stationary throughout; every transition inside a
+    chain is an exact draw from P, and only the few joins between chains (one per
+    MARKOV_CHAIN_TOKENS tokens) are not. The chains advance together, one vectorized step
+    each: with the rows' CDFs laid out on one axis as i + cdf[i, j], the next token of a
+    chain at i with uniform u is searchsorted(that axis, i + u) − i·V."""
+    V = len(P)
+    rng = _synthetic_rng(seed, 1)
+    n_chains = -(-n_tokens // MARKOV_CHAIN_TOKENS)
+    length = -(-n_tokens // n_chains)
+    cdf = np.cumsum(P, axis=1)
+    cdf[:, -1] = 1.0                                      # guard against rounding below 1
+    axis = (cdf + np.arange(V)[:, None]).ravel()
+    out = np.empty((n_chains, length), dtype=np.uint16)
+    cur = rng.choice(V, size=n_chains, p=markov_stationary(P))
+    out[:, 0] = cur
+    for t in range(1, length):
+        u = rng.random(n_chains)
+        cur = np.searchsorted(axis, cur + u, side="right") - cur * V
+        cur = np.minimum(cur, V - 1)                      # u ≈ 1 rounding guard
+        out[:, t] = cur
+    return out.ravel()[:n_tokens]
+
+
+def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
+                      val_fraction=VAL_FRACTION):
+    """Write a synthetic task's train/val shards (and, for markov, its P and π as .npy)."""
+    if not 2 <= vocab <= 65536:
+        raise ValueError(f"--vocab must lie in [2, 65536] (uint16 tokens), got {vocab}")
+    if seq_len < 1 or n_tokens < 2 * seq_len:
+        raise ValueError(f"--tokens ({n_tokens}) must hold at least two sequences of "
+                         f"--seq_len ({seq_len}) tokens")
+    n_tokens -= n_tokens % seq_len                        # whole sequences only
+    extras = {}
+    if task == "repeat":
+        tokens = synthesize_repeat(vocab, n_tokens, seq_len, seed)
+        summary = "the next token is the current one except at each sequence's end"
+    elif task == "markov":
+        P = markov_transition(vocab, seed)
+        pi = markov_stationary(P)
+        tokens = synthesize_markov(P, n_tokens, seed)
+        extras = {"markov_transition.npy": _npy_bytes(P), "markov_stationary.npy": _npy_bytes(pi)}
+        summary = f"entropy rate (best possible loss) {markov_entropy_rate(P, pi):.4f} nats"
+    else:
+        raise ValueError(f"unknown synthetic task {task!r}; choose 'repeat' or 'markov'")
+    source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
+              "val_fraction": val_fraction}
+    splits = _split_train_val(tokens, val_fraction, align=seq_len)
+    written = data.write_dataset(out_dir, task, splits, source, extras)
+    print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
+          f"wrote {', '.join(map(str, written))}")
+    return written
+
+
+def _npy_bytes(array):
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------- FineWeb download
+def shards_needed(tokens, dataset=DEFAULT_DATASET):
+    """Train shards of SHARD_TOKENS a run of `tokens` training tokens reads, at most all the
+    dataset holds (a longer run wraps around): the paper's 13.1B tokens need 132 of
+    FineWeb100B; FineWeb10B has only 103, so it would repeat about a quarter of its data."""
+    return min(math.ceil(tokens / data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
+
+
+def fineweb_shard_names(train_shards):
+    """fineweb_val_000000.bin, then fineweb_train_000001‥N.bin (the datasets count from 1)."""
+    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
+                                         for i in range(1, train_shards + 1)]
+
+
+def fineweb_base_url(dataset=DEFAULT_DATASET, base_url=None):
+    """Where the shards live: base_url, else $FINEWEB_BASE_URL, else Hugging Face."""
+    if dataset not in FINEWEB_DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; "
+                         f"choose one of {', '.join(FINEWEB_DATASETS)}")
+    return (base_url or os.environ.get(BASE_URL_ENV)
+            or f"https://huggingface.co/datasets/{FINEWEB_DATASETS[dataset][0]}/resolve/main")
+
+
+def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
+    """Download the val shard and train shards 1‥N of a FineWeb dataset into folder.
+
+    Shards the manifest records with their size are kept; shards there but not recorded
+    (fetched by an older prepare.py or another tool) are validated, hashed and recorded. An
+    interrupted download continues from its `.part` file; each shard is validated (and its
+    sha256 compared when the server states it) before it is renamed into place and
+    recorded in the manifest, so the folder is one consistent dataset at every moment."""
+    url = fineweb_base_url(dataset, base_url).rstrip("/")
+    available = FINEWEB_DATASETS[dataset][1]
+    if not 1 <= train_shards <= available:
+        raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
+                         f"not {train_shards}")
+    folder = data.make_folder(folder)
+    data.refuse_foreign_shards(folder, "fineweb")
+    names = fineweb_shard_names(train_shards)
+    recorded = (data.read_manifest(folder) or {}).get("files", {})
+    source = {"kind": "fineweb", "dataset": dataset}
+    for k, name in enumerate(names, 1):
+        path, label = folder / name, f"[{k}/{len(names)}] {name}"
+        entry = recorded.get(name)
+        if entry and path.is_file() and path.stat().st_size == entry["bytes"]:
+            continue
+        if path.is_file() and entry is None and _valid_shard(path):
+            print(f"{label}: already here, recorded in the manifest")
+            data.write_manifest(folder, source)
+        else:
+            digest = download_shard(f"{url}/{name}", path, label=label)
+            entry = {"bytes": path.stat().st_size, "sha256": digest}
+            data.write_manifest(folder, source, known={name: entry})
+    tokens = sum(data.shard_length(folder / name) for name in names[1:])
+    print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
+    return [folder / name for name in names]
+
+
+def _valid_shard(path):
+    try:
+        data.shard_length(path)
+        return True
+    except ValueError:
+        path.unlink()                          # a bad complete file: fetch it again
+        return False
+
+
+def download_shard(url, path, label=""):
+    """Fetch one shard through `path.part`, resuming with HTTP Range, then validate and rename.
+
+    A transfer that breaks off after making progress is resumed up to DOWNLOAD_RETRIES
+    times. A 206 reply must continue exactly where the part file ends (its Content-Range
+    says so). Where the server states the file's sha256 (the Hugging Face hub's
+    X-Linked-Etag, or an ETag of 64 hex digits), the download must match it. A shard that
+    fails validation is deleted, so no half or corrupt file remains under its name.
+    Returns the shard's sha256."""
+    part = path.with_name(path.name + ".part")
+    expected = None
+    for attempt in range(DOWNLOAD_RETRIES + 1):
+        have = _size(part)
+        try:
+            total, announced = _transfer(url, part, have, label)
+        except data.WriteError:
+            raise
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+            if _size(part) == have or attempt == DOWNLOAD_RETRIES:
+                raise _download_error(url, err) from err   # __cause__: the network's reason
+            continue                           # progress was made: resume from there
+        expected = announced or expected
+        if total is None or _size(part) >= total:
+            break
+    else:
+        raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
+                           f"to resume it from {part}")
+    try:
+        n, digest = data.shard_length(part), data.sha256_file(part)
+        if total is not None and _size(part) != total:
+            raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
+        if expected and digest != expected:
+            raise ValueError(f"its sha256 differs from the {expected} the server announced")
+    except ValueError as err:
+        part.unlink()
+        raise ValueError(f"the download of {url} is corrupt and was deleted ({err}); "
+                         f"run the command again, or check --base_url") from None
+    data.rename(part, path)
+    print(f"{label}: {n:,} tokens ok")
+    return digest
+
+
+def _size(path):
+    return path.stat().st_size if path.exists() else 0
+
+
+class _RecordRedirects(urllib.request.HTTPRedirectHandler):
+    """Keeps the headers of each redirect: the hub states an LFS file's sha256 on its 302."""
+
+    def __init__(self):
+        self.headers = []
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.headers.append(headers)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _transfer(url, part, have, label):
+    """Append url's bytes from offset `have` to `part`.
+
+    Returns (the full size if known, the sha256 the server states or None)."""
+    request = urllib.request.Request(url, headers={"User-Agent": "prepare.py"})
+    if have:
+        request.add_header("Range", f"bytes={have}-")
+    redirects = _RecordRedirects()
+    try:
+        response = urllib.request.build_opener(redirects).open(request, timeout=DOWNLOAD_TIMEOUT_S)
+    except urllib.error.HTTPError as err:
+        if err.code == 416:                    # the part already holds the whole file
+            return have, None
+        raise
+    with response:
+        announced = _announced_sha256(redirects.headers + [response.headers])
+        resumed = response.status == 206
+        total = _resumed_total(url, response.headers, have) if resumed else \
+            _int_or_none(response.headers.get("Content-Length"))
+        done = have if resumed else 0
+        t0, last, start = time.perf_counter(), 0.0, done
+        try:
+            f = data.WatchedFile(part, "ab" if resumed else "wb")
+        except OSError as err:
+            raise data.write_error(err, part) from None
+        with f:
+            try:
+                while chunk := response.read(1 << 20):
+                    f.write(chunk)
+                    done += len(chunk)
+                    now = time.perf_counter() - t0
+                    if now - last > 0.5 or done == total:
+                        last = now
+                        _print_progress(label, done, total, (done - start) / max(now, 1e-9))
+            except OSError:                    # the disk's, or the network's (retried)
+                if f.error is not None:
+                    raise data.write_error(f.error, part) from None
+                raise
+            finally:
+                print()
+    return total, announced
+
+
+def _resumed_total(url, headers, have):
+    """The full size from a 206 reply's `Content-Range: bytes START-END/TOTAL`, after
+    checking that START is where the part file ends; ValueError if it is not."""
+    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", headers.get("Content-Range", "").strip())
+    if match is None or int(match[1]) != have:
+        raise ValueError(f"{url} answered a request for its bytes from {have} with "
+                         f"Content-Range {headers.get('Content-Range')!r}; the reply was refused "
+                         f"(the part file is kept): run again, or use another --base_url")
+    return int(match[3]) if match[3] != "*" else None
+
+
+def _announced_sha256(header_sets):
+    """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
+    for field in ("X-Linked-Etag", "ETag"):
+        for headers in header_sets:
+            value = (headers.get(field) or "").removeprefix("W/").strip('"').lower()
+            if re.fullmatch(r"[0-9a-f]{64}", value):
+                return value
+    return None
+
+
+def _int_or_none(text):
+    return int(text) if text is not None else None
+
+
+def _print_progress(label, done, total, rate):
+    mb = 1e6
+    eta = f", ETA {(total - done) / max(rate, 1):.0f} s" if total else ""
+    of = f"/{total / mb:.0f}" if total else ""
+    print(f"\r{label}: {done / mb:.0f}{of} MB, {rate / mb:.1f} MB/s{eta}   ", end="", flush=True)
+
+
+def _download_error(url, err):
+    if isinstance(err, urllib.error.HTTPError):
+        return RuntimeError(f"{url} answered HTTP {err.code} ({err.reason}); check --shards "
+                            f"(the dataset may have fewer), --dataset and --base_url")
+    return RuntimeError(f"could not download {url} ({getattr(err, 'reason', err)}); offline, "
+                        f"train on local text instead: `python prepare.py text FILES --out DIR`, "
+                        f"then `python train.py --data DIR`")
+
+
+# ----------------------------------------------------------------------------- command line
+def parse_args(argv=None):
+    p, sub = data.command_parser(__doc__)
+    f = sub.add_parser("fineweb", help="download pre-tokenized GPT-2 FineWeb shards")
+    f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
+    f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)
+    f.add_argument("--out", help="output folder (default data/DATASET)")
+    f.add_argument("--base_url",
+                   help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
+    t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
+    t.add_argument("files", nargs="+")
+    t.add_argument("--out", required=True)
+    t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
+    t.add_argument("--workers", type=positive_int, default=None,
+                   help="processes (default: all cores)")
+    s = sub.add_parser("synthetic", help="generate a synthetic language")
+    s.add_argument("--task", choices=["repeat", "markov"], required=True)
+    s.add_argument("--vocab", type=positive_int, required=True)
+    s.add_argument("--tokens", type=positive_int, required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=non_negative_int, default=0)
+    s.add_argument("--seq_len", type=positive_int, default=64,
+                   help="sequence length (use train.py's)")
+    s.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.command == "fineweb":
+            fetch_fineweb(args.out or f"data/{args.dataset}", args.dataset, args.shards,
+                          args.base_url)
+        elif args.command == "text":
+            prepare_text(args.files, args.out, args.val_fraction, args.workers)
+        else:
+            prepare_synthetic(args.task, args.vocab, args.tokens, args.out, args.seed,
+                              args.seq_len, args.val_fraction)
+    except (ValueError, RuntimeError, OSError) as err:  # user-caused: one sentence, no traceback
+        raise SystemExit(f"prepare.py {args.command}: error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
