@@ -178,7 +178,8 @@ def variant_label(variant, show_lam=False):
 
 RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
                   "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
-                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "steps",
+                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "h_mu_proj",
+                  "h_mu_cos", "steps",
                   "tokens", "train_time_s", "run")
 
 
@@ -572,7 +573,8 @@ def _plot_metrics(plt, cells, ref_cells, title):
 
 
 CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), ("mu_norm", "‖μ‖"),
-          ("logit_mean", "logit mean  l̄"), ("logit_absmax", "max |l|"),
+          ("logit_mean", "logit mean  l̄"), ("h_mu_proj", "h̄·μ̂ = l̄/‖μ‖"),
+          ("logit_absmax", "max |l|"),
           ("prec_err_cast", "input rounding / σ_l"), ("prec_err_round", "result rounding / σ_l"),
           ("prec_ce_gap", "CE gap (nats)"))
 
