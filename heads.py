@@ -28,7 +28,10 @@ regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=t
 runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
 head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
 tokens (no NaN); ids are not checked here (that needs a device sync).
-`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path.
+`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path:
+train.py sets it by default on CPU (64 tokens a chunk, ~1.7× faster there), so `forward` below
+is the reference that runs on CUDA and with --loss_chunk 0, and the chunked path is tested
+against it (tests/test_fused_loss.py).
 """
 import math
 
