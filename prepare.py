@@ -1,7 +1,7 @@
 """Making token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
 
 Every source ends as a dataset folder in data.py's format (llm.c shards plus a manifest,
-written as a unit by `data.write_dataset`), so train.py reads them all alike
+written as a unit by `store.write_dataset`), so train.py reads them all alike
 (`python prepare.py --help`):
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 import data
-from data import fraction, non_negative_int, positive_int
+import store
+from store import fraction, non_negative_int, positive_int
 
 # ----------------------------------------------------------------------------- defaults
 FINEWEB_DATASETS = {                  # name -> (Hugging Face dataset, train shards it holds)
@@ -172,17 +173,17 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
     texts = read_texts(files)
     key = _text_key(texts, val_fraction)
     folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
-    if not (folder / data.MANIFEST).exists():  # new, or another run is writing it now
+    if not (folder / store.MANIFEST).exists():  # new, or another run is writing it now
         try:
             _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
         except FileExistsError:
             pass                               # a concurrent run wrote the same folder
-    recorded = (data.read_manifest(folder) or {}).get("source", {}).get("key")
+    recorded = (store.read_manifest(folder) or {}).get("source", {}).get("key")
     if recorded != key:
         raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
                          f"{', '.join(map(str, files))} (its manifest records other text); "
                          f"delete {folder} and run again")
-    data.check_dataset(folder)
+    store.check_dataset(folder)
     return folder
 
 
@@ -198,8 +199,8 @@ def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=Tr
     seconds = time.perf_counter() - t0
     source = {"kind": "text", "files": [str(f) for f in files], "tokenizer": "gpt2",
               "val_fraction": val_fraction, "key": _text_key(texts, val_fraction)}
-    written = data.write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
-                                 replace=replace)
+    written = store.write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
+                                  replace=replace)
     print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
           f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
     return written
@@ -305,7 +306,7 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
               "val_fraction": val_fraction}
     splits = _split_train_val(tokens, val_fraction, align=seq_len)
-    written = data.write_dataset(out_dir, task, splits, source, extras)
+    written = store.write_dataset(out_dir, task, splits, source, extras)
     print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
           f"wrote {', '.join(map(str, written))}")
     return written
@@ -353,10 +354,10 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
                          f"not {train_shards}")
-    folder = data.make_folder(folder)
-    data.refuse_foreign_shards(folder, "fineweb")
+    folder = store.make_folder(folder)
+    store.refuse_foreign_shards(folder, "fineweb")
     names = fineweb_shard_names(train_shards)
-    recorded = (data.read_manifest(folder) or {}).get("files", {})
+    recorded = (store.read_manifest(folder) or {}).get("files", {})
     source = {"kind": "fineweb", "dataset": dataset}
     for k, name in enumerate(names, 1):
         path, label = folder / name, f"[{k}/{len(names)}] {name}"
@@ -365,11 +366,11 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
             continue
         if path.is_file() and entry is None and _valid_shard(path):
             print(f"{label}: already here, recorded in the manifest")
-            data.write_manifest(folder, source)
+            store.write_manifest(folder, source)
         else:
             digest = download_shard(f"{url}/{name}", path, label=label)
             entry = {"bytes": path.stat().st_size, "sha256": digest}
-            data.write_manifest(folder, source, known={name: entry})
+            store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
     return [folder / name for name in names]
@@ -399,7 +400,7 @@ def download_shard(url, path, label=""):
         have = _size(part)
         try:
             total, announced = _transfer(url, part, have, label)
-        except data.WriteError:
+        except store.WriteError:
             raise
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             if _size(part) == have or attempt == DOWNLOAD_RETRIES:
@@ -412,7 +413,7 @@ def download_shard(url, path, label=""):
         raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
                            f"to resume it from {part}")
     try:
-        n, digest = data.shard_length(part), data.sha256_file(part)
+        n, digest = data.shard_length(part), store.sha256_file(part)
         if total is not None and _size(part) != total:
             raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
         if expected and digest != expected:
@@ -421,7 +422,7 @@ def download_shard(url, path, label=""):
         part.unlink()
         raise ValueError(f"the download of {url} is corrupt and was deleted ({err}); "
                          f"run the command again, or check --base_url") from None
-    data.rename(part, path)
+    store.rename(part, path)
     print(f"{label}: {n:,} tokens ok")
     return digest
 
@@ -463,9 +464,9 @@ def _transfer(url, part, have, label):
         done = have if resumed else 0
         t0, last, start = time.perf_counter(), 0.0, done
         try:
-            f = data.WatchedFile(part, "ab" if resumed else "wb")
+            f = store.WatchedFile(part, "ab" if resumed else "wb")
         except OSError as err:
-            raise data.write_error(err, part) from None
+            raise store.write_error(err, part) from None
         with f:
             try:
                 while chunk := response.read(1 << 20):
@@ -477,7 +478,7 @@ def _transfer(url, part, have, label):
                         _print_progress(label, done, total, (done - start) / max(now, 1e-9))
             except OSError:                    # the disk's, or the network's (retried)
                 if f.error is not None:
-                    raise data.write_error(f.error, part) from None
+                    raise store.write_error(f.error, part) from None
                 raise
             finally:
                 print()
@@ -527,7 +528,7 @@ def _download_error(url, err):
 
 # ----------------------------------------------------------------------------- command line
 def parse_args(argv=None):
-    p, sub = data.command_parser(__doc__)
+    p, sub = store.command_parser(__doc__)
     f = sub.add_parser("fineweb", help="download pre-tokenized GPT-2 FineWeb shards")
     f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
     f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)

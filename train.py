@@ -36,11 +36,12 @@ import data
 import fused_loss
 import heads
 import prepare
-from data import non_negative_float, non_negative_int, positive_float, positive_int
+import store
 from model import GPT, SIZES, from_config
 from runs import (Dist, FiniteWatch, Throughput, all_reduce_sum, append_log, check_run_folder,
                   device_batches, fail, init_distributed, log_line, peak_flops, restore,
                   run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
+from store import non_negative_float, non_negative_int, positive_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4) and the measurement settings; more in build_parser().
@@ -199,7 +200,7 @@ def make_shards(args) -> str:
             prepare.fetch_fineweb(args.data, train_shards=shards)
         return ""
     except (RuntimeError, OSError, ValueError) as err:
-        if args.text or isinstance(err, data.WriteError):  # a full disk is not a network error
+        if args.text or isinstance(err, store.WriteError):  # a full disk is not a network error
             return str(err)
         return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); to "
                 f"train on local text instead, pass the text files as --data")
@@ -217,7 +218,7 @@ def open_data(args, ctx: Dist, say):
     fingerprint goes into the run's settings), token ids < vocab_size; --eval_tokens and
     --stat_tokens cut down to what the val split holds, saying so."""
     try:
-        args.data_fingerprint = data.check_dataset(args.data)  # --resume compares it
+        args.data_fingerprint = store.check_dataset(args.data)  # --resume compares it
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
                                   ctx.world_size, split="train")
         loader.check_vocab(args.vocab_size)
@@ -536,7 +537,7 @@ def main(argv=None) -> GPT | None:
     args = parse_args(argv)
     try:
         return train(args, init_distributed(args))
-    except data.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
+    except store.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
         fail(str(err))
     except KeyboardInterrupt:
         print("train.py: interrupted; --resume continues from the last checkpoint",
