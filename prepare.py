@@ -27,6 +27,7 @@ import math
 import multiprocessing
 import os
 import re
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -63,9 +64,10 @@ def _split_train_val(tokens, val_fraction, align=1):
     if not 0 < val_fraction < 1:
         raise ValueError(f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}")
     n_val = -(-int(np.ceil(val_fraction * len(tokens))) // align) * align
-    if n_val >= len(tokens):
-        raise ValueError(f"{len(tokens)} tokens are too few to split into train and val "
-                         f"with --val_fraction {val_fraction}; provide more data")
+    if min(n_val, len(tokens) - n_val) < 2:           # the loader's least: one input, one target
+        raise ValueError(f"{len(tokens)} tokens are too few to split into train and val of at "
+                         f"least 2 tokens each with --val_fraction {val_fraction}; provide "
+                         f"more data")
     return {"train": tokens[:-n_val], "val": tokens[-n_val:]}
 
 
@@ -225,7 +227,7 @@ def synthesize_repeat(vocab, n_tokens, seq_len, seed):
     choices = np.arange(vocab)
     choices = choices[choices != data.EOT]
     firsts = _synthetic_rng(seed, 1).choice(choices, size=n_tokens // seq_len)
-    return np.repeat(firsts, seq_len).astype(np.uint16)
+    return np.repeat(firsts.astype(np.uint16), seq_len)      # 2 bytes per token, no more
 
 
 def markov_transition(vocab, seed):
@@ -291,6 +293,7 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
         raise ValueError(f"--tokens ({n_tokens}) must hold at least two sequences of "
                          f"--seq_len ({seq_len}) tokens")
     n_tokens -= n_tokens % seq_len                        # whole sequences only
+    _refuse_too_large(n_tokens, out_dir)
     extras = {}
     if task == "repeat":
         tokens = synthesize_repeat(vocab, n_tokens, seq_len, seed)
@@ -310,6 +313,21 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
           f"wrote {', '.join(map(str, written))}")
     return written
+
+
+def _refuse_too_large(n_tokens, out_dir):
+    """One sentence instead of a MemoryError: the tokens are held in memory as uint16 (2 bytes
+    each) and written to disk once, at 2 bytes each."""
+    need = 2 * n_tokens
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    disk = Path(out_dir).resolve()
+    while not disk.exists():
+        disk = disk.parent
+    free = shutil.disk_usage(disk).free
+    if need > memory or need > free:
+        raise ValueError(f"--tokens {n_tokens:,} needs about {need / 2**30:,.1f} GiB of memory "
+                         f"and as much disk, but this machine has {memory / 2**30:,.1f} GiB of "
+                         f"memory and {free / 2**30:,.1f} GiB free on {disk}; ask for fewer")
 
 
 def _npy_bytes(array):
@@ -527,17 +545,24 @@ def _download_error(url, err):
 
 
 # ----------------------------------------------------------------------------- command line
+def folder_name(text):
+    """An argparse type: a non-empty folder name (an empty one would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; give a folder such as data/mytext")
+    return text
+
+
 def parse_args(argv=None):
     p, sub = store.command_parser(__doc__)
     f = sub.add_parser("fineweb", help="download pre-tokenized GPT-2 FineWeb shards")
     f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
     f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)
-    f.add_argument("--out", help="output folder (default data/DATASET)")
+    f.add_argument("--out", type=folder_name, help="output folder (default data/DATASET)")
     f.add_argument("--base_url",
                    help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
     t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
     t.add_argument("files", nargs="+")
-    t.add_argument("--out", required=True)
+    t.add_argument("--out", type=folder_name, required=True)
     t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
     t.add_argument("--workers", type=positive_int, default=None,
                    help="processes (default: all cores)")
@@ -545,7 +570,7 @@ def parse_args(argv=None):
     s.add_argument("--task", choices=["repeat", "markov"], required=True)
     s.add_argument("--vocab", type=positive_int, required=True)
     s.add_argument("--tokens", type=positive_int, required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", type=folder_name, required=True)
     s.add_argument("--seed", type=non_negative_int, default=0)
     s.add_argument("--seq_len", type=positive_int, default=64,
                    help="sequence length (use train.py's)")

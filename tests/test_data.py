@@ -58,13 +58,23 @@ def corrupt(path, how):
         raw = raw[:500]
     elif how == "extra":
         raw += b"\0\0"
+    elif how == "byte":
+        raw += b"\0"
+    elif how in ("more", "fewer", "negative"):          # the token count, against the file
+        raw[8:12] = np.int32({"more": 101, "fewer": 99, "negative": -5}[how]).tobytes()
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("how, message", [
+CORRUPTIONS = [
     ("magic", "magic number is 12345"), ("version", "version 7"),
     ("truncated", "is truncated: its header announces 100 tokens"),
-    ("header", "shorter than the 1024-byte header"), ("extra", "longer than its header says")])
+    ("header", "shorter than the 1024-byte header"), ("extra", "longer than its header says"),
+    ("byte", "longer than its header says"), ("more", "truncated: its header announces 101"),
+    ("fewer", "longer than its header says: its header announces 99"),
+    ("negative", "corrupt header: it announces -5 tokens")]
+
+
+@pytest.mark.parametrize("how, message", CORRUPTIONS)
 def test_header_validation_catches_each_corruption(tmp_path, how, message):
     path = tmp_path / "x_train_000000.bin"
     data.write_shard(path, np.arange(100))
@@ -73,6 +83,23 @@ def test_header_validation_catches_each_corruption(tmp_path, how, message):
         data.read_shard(path)
     with pytest.raises(ValueError, match=message):
         data.ShardLoader(tmp_path, 1, 4)
+
+
+@pytest.mark.parametrize("how, message", CORRUPTIONS)
+def test_check_refuses_a_corrupt_shard_before_writing_a_manifest(tmp_path, how, message):
+    make_shards(tmp_path, "train", [100])
+    make_shards(tmp_path, "val", [100])
+    corrupt(tmp_path / "t_val_000000.bin", how)
+    with pytest.raises(SystemExit) as failure:
+        store.main(["check", str(tmp_path)])
+    assert message in str(failure.value) and "\n" not in str(failure.value)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_check_of_an_empty_folder_fails_and_leaves_it_empty(tmp_path):
+    with pytest.raises(SystemExit, match=r"store.py check: error: no train shards"):
+        store.main(["check", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
 
 
 def test_missing_data_names_the_command(tmp_path):
@@ -135,6 +162,15 @@ def test_text_to_shards_to_loader_decodes_back(tmp_path):
     tokens = torch.cat([x.flatten() for x, _ in seen] + [seen[-1][1][-1, -1:]])
     assert enc.decode(tokens.tolist()) == enc.decode(train[:len(tokens)].tolist())
     assert all(torch.equal(x[:, 1:], y[:, :-1]) and x.dtype == torch.int64 for x, y in seen)
+
+
+def test_text_too_short_for_a_train_and_a_val_split_is_refused(tmp_path):
+    one = tmp_path / "one.txt"
+    one.write_text("a", encoding="utf-8")                   # [EOT, "a"]: 2 tokens
+    with pytest.raises(SystemExit, match="2 tokens are too few to split into train and val of "
+                                         "at least 2 tokens each"):
+        prepare.main(["text", str(one), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 def test_empty_text_file_is_refused(tmp_path):
@@ -248,6 +284,24 @@ def test_synthetic_markov_has_the_claimed_statistics(tmp_path):
     assert np.abs(freq - pi).max() < 0.01
     # the same seed gives the same language; another seed another one
     assert not np.allclose(P, prepare.markov_transition(V, seed + 1))
+
+
+def test_an_empty_out_is_refused_not_the_current_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        prepare.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+                      "--out", ""])
+    assert exit.value.code == 2 and not list(tmp_path.iterdir())
+    assert "argument --out: '' is empty; give a folder" in capsys.readouterr().err
+
+
+def test_synthetic_larger_than_memory_says_what_it_needs(tmp_path):
+    with pytest.raises(SystemExit, match=r"--tokens 10,000,000,000,000 needs about 18,626.5 GiB "
+                                         r"of memory and as much disk, but this machine has "
+                                         r"[\d,.]+ GiB of memory and [\d,.]+ GiB free on /"):
+        prepare.main(["synthetic", "--task", "markov", "--vocab", "5", "--tokens", str(10**13),
+                      "--out", str(tmp_path / "big")])
+    assert not (tmp_path / "big").exists()
 
 
 def test_synthetic_refuses_bad_settings(tmp_path):
@@ -536,6 +590,33 @@ def test_an_interrupted_swap_is_refused_by_every_reader(tmp_path, monkeypatch):
         store.check_dataset(out)                            # what every reader calls first
     prepare_small_text(out, "Quite another text now.\n" * 300)   # rerunning repairs it
     store.check_dataset(out)
+
+
+def test_of_two_writers_of_one_folder_the_second_is_told_and_the_first_wins(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+
+    def synthetic(seed):
+        prepare.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+                      "--out", str(out), "--seed", str(seed)])
+    synthetic(0)                                            # a dataset both writers replace
+    real, second = store.rename, []
+
+    def meanwhile(source, target):                          # the first writer is mid-swap
+        if not second and Path(target).parent == out:
+            with pytest.raises(SystemExit) as failure:
+                synthetic(2)
+            second.append(str(failure.value))
+        real(source, target)
+    monkeypatch.setattr(store, "rename", meanwhile)
+    synthetic(1)
+    monkeypatch.undo()
+    assert second == [f"prepare.py synthetic: error: another process is writing a dataset into "
+                      f"{out} right now, so this one was not written; run the command again "
+                      f"when it has finished"]
+    store.check_dataset(out)                                # whole, and the first writer's
+    assert store.read_manifest(out)["source"]["seed"] == 1
+    assert sorted(p.name for p in out.iterdir()) == \
+        ["manifest.json", "repeat_train_000000.bin", "repeat_val_000000.bin"]
 
 
 def test_a_mixed_folder_is_refused_in_one_sentence(tmp_path):
