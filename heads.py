@@ -187,34 +187,33 @@ DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()} 
 
 
 def build(name, **hparams):
-    """The head called `name` (one of HEADS) with hyperparameters `cap` (soft_cap) or `lam`
-    (z_loss, mu_loss); a value of None means the default. A hyperparameter the head does not
-    use is accepted only as None (so a CLI can pass lam=None, cap=None)."""
-    if name not in _REGISTRY:
+    """The head called `name` (one of HEADS) with `cap` (soft_cap: finite, > 0) or `lam`
+    (z_loss, mu_loss: finite, ≥ 0); None means the default and is the only value allowed for a
+    hyperparameter the head does not use (so a CLI can pass lam=None, cap=None)."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
         raise ValueError(f"unknown head {name!r}; choose one of {', '.join(HEADS)}.")
-    cls = _REGISTRY[name]
     for key, value in hparams.items():
-        if key not in DEFAULTS:
-            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are {', '.join(DEFAULTS)}"
-                             " (cap for soft_cap, lam for z_loss and mu_loss).")
+        users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
+        if not users:
+            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are cap, lam.")
         if value is not None and key not in cls.hparams:
-            users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
             raise ValueError(f"head {name!r} does not use {key}={value!r}; {key} applies to "
-                             f"{users} only (leave it unset or None for {name}).")
-    return cls(**{key: default if hparams.get(key) is None else _checked(name, key, hparams[key])
+                             f"{users} only.")
+    return cls(**{key: default if hparams.get(key) is None else _checked(key, hparams[key])
                   for key, default in cls.hparams.items()})
 
 
-def _checked(name, key, value):
-    """The hyperparameter as a float, or ValueError saying what is wrong and what is valid."""
+def _checked(key, value):
+    """value as a float that is finite and ≥ 0 (> 0 for cap), else one sentence with the rule."""
     rule = "a finite number > 0" if key == "cap" else "a finite number >= 0"
     try:
-        value = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: {key}={value!r} is not a number; give {rule}.") from None
-    if not math.isfinite(value) or value < 0 or (key == "cap" and value == 0):
-        raise ValueError(f"{name}: {key}={value!r} is invalid; give {rule}.")
-    return value
+        raise ValueError(f"{key}={value!r} is not a number; give {rule}.") from None
+    if not (0 <= number < math.inf) or (key == "cap" and number == 0):
+        raise ValueError(f"{key}={number!r} is invalid; give {rule}.")
+    return number
 
 
 # ---------------------------------------------------------------------------------------------
