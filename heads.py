@@ -288,20 +288,8 @@ def b_ratio(weight):
     """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0).
 
     Since e*ᵢ·μ = eᵢ·μ − ‖μ‖² ∈ [−B₋, B₊] (Eq. 24), B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26):
-    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) claims this for every h; as
-    stated it is false both ways. Smallest counterexamples (V = 3, D = 2; none exist for V = 2
-    or D = 1):
-      ⇒  E₂ = [[−1,0],[−1,0],[0,−1]]: B_ratio = 1/3, yet h = (−1,1) gives l = (1,1,−1) and
-          l* = (2/3,2/3,−4/3): max|l*| = 4/3 > 1 = max|l|.
-      ⇐  E₃ = [[−1,−1],[−1,1],[1,0]]: B_ratio = 4/3, yet h = (1,1) gives l = (−2,0,1) and
-          l* = (−5/3,1/3,4/3): max|l*| = 5/3 < 2 = max|l|.
-    The proof (App. B) breaks at Eq. 32 (a max of sums taken as the sum of maxes), Eq. 34 (row
-    norms can grow although B_ratio ≤ 1) and Eq. 35 (Lemma 2's bound taken for the logit).
-    For every h, l*ᵢ = lᵢ − l̄, so max|l*| ≤ max l − min l, and the mean square logit and row
-    norm drop by l̄² and ‖μ‖². So B_ratio ≤ 1 (App. C) says centering shrinks the logit range
-    along μ, not for every token. How often a random h gets a larger max|l*| grows with B_ratio
-    (theorem4.b_ratio_scan's random matrices: ~3% below 0.1, ~6% at 0.1–0.2, ~40% at 0.7–1).
-    theorem4.py checks each step: `python analyze.py verify [--exhaustive] [--b_ratio_scan]`.
+    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) states it for any h: exact
+    for h ∥ μ only; for other h either direction can fail (theorem4.py: the verdict, the proof).
     """
     b_minus, b_plus, mu_sq = b_bounds(weight)
     if mu_sq == 0:
