@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval_every", type=non_negative_int, default=5000,
       help="steps between validation losses (and at the end); 0 = only at the end")
     a("--eval_tokens", type=positive_int, default=65_536_000,
-      help="validation tokens per evaluation (paper: 65.5M; at most what the val split holds)")
+      help="val tokens per evaluation, ≤ the val split (paper's code: 2000 iters × 16 × 2048)")
     a("--stat_tokens", type=positive_int, default=STAT_TOKENS,
       help="validation tokens for the final logit statistics (likewise)")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
