@@ -16,7 +16,7 @@ written as a unit by `store.write_dataset`), so train.py reads them all alike
 - synthetic: `repeat` (sequences of one repeated token) and `markov` (a random first-order
   chain whose entropy rate, the best reachable loss, is known and stored with it).
 
-It imports data.py and nothing else of its project (tiktoken only when text is tokenized).
+It imports data.py and store.py, nothing else of its project (tiktoken only to tokenize text).
 """
 import argparse
 import hashlib

@@ -26,7 +26,7 @@ folders hold runs of other settings (other --steps, say) is refused before anyth
 stale results are never reported as its own; give it another --out.
 
 sweep.py talks to train.py through its command line and run folders only; it writes files with
-data.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
+store.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
 """
 import argparse
 import os
