@@ -451,8 +451,10 @@ def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tens
 
 
 def run_logits(args) -> dict:
-    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, B_ratio, Fig. 1 (right), and
-    what the head's matmul in --dtype loses (heads.precision_stat_sums, as train.py logs it).
+    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, the mean hidden state's
+    alignment with μ (h_mu_proj = h̄·μ̂ = l̄/‖μ‖, h_mu_cos = cos(h̄, μ), as train.py logs them),
+    B_ratio, Fig. 1 (right), and what the head's matmul in --dtype loses
+    (heads.precision_stat_sums, as train.py logs it).
 
     The model runs in --dtype as train.py runs it; the paper's statistics are computed in
     float64 from its hidden states, the precision metrics compare the head's matmul in --dtype
@@ -468,13 +470,16 @@ def run_logits(args) -> dict:
         precision += heads.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
                                                targets[rows], dtype).cpu()
     bounds = theorem4_bounds(W)
+    h_mean, mu = H.double().mean(0), W.mean(0)
+    h_mu_proj = (h_mean @ mu / mu.norm()).item() if mu.norm() > 0 else 0.0  # l̄/‖μ‖ = h̄·μ̂
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
-                  dtype=args.dtype,
+                  dtype=args.dtype, h_mu_proj=h_mu_proj,
+                  h_mu_cos=h_mu_proj / h_mean.norm().item() if h_mean.norm() > 0 else 0.0,
                   **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
                   **dict(zip(heads.PRECISION_STATS, (precision[:-1] / precision[-1]).tolist())),
                   **bounds)
-    names = (*heads.LOGIT_STATS, "mu_norm", "mu_sq", "B_minus", "B_plus", "B_ratio",
-             *heads.PRECISION_STATS)
+    names = (*heads.LOGIT_STATS, "mu_norm", "h_mu_proj", "h_mu_cos", "mu_sq", "B_minus",
+             "B_plus", "B_ratio", *heads.PRECISION_STATS)
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
                 f"{len(H)} tokens; prec_*: the head's matmul in {args.dtype} against float64")

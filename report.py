@@ -407,6 +407,9 @@ def markdown_report(cells, mean="published", l0=None):
             parts.append(NOT_COMPARABLE)
         if any(math.isfinite(row["logit_absmax"]) for c in main for row in c.rows):
             parts += [RESOLUTION, resolution_table(main)]
+        if any(math.isfinite(row["mu_norm"]) and row["mu_norm"] > 0 for c in main
+               for row in c.rows):
+            parts += [ALIGNMENT, alignment_table(main)]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
             parts += [f"## {head} for several λ, {tying}",
@@ -442,6 +445,24 @@ def resolution_table(cells):
             loss, row = by_lr.get(lr, (math.nan, None))
             resolution = bf16_resolution(row) if row and row["logit_std"] > 0 else math.nan
             texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2f})")
+        lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/‖μ‖ (Lemma 1, averaged "
+             "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
+
+
+def alignment_table(cells):
+    """Rows = size and variant, columns = learning rates: the run's l̄/‖μ‖, the component of
+    the mean hidden state along μ, which turns a grown ‖μ‖ into a large mean logit."""
+    lrs = sorted({lr for c in cells for lr in c.lrs})
+    lines = ["| N | variant | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
+             "|---" * (len(lrs) + 2) + "|"]
+    for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
+        by_lr = dict(zip(c.lrs, c.rows))
+        texts = ["–" if lr not in by_lr or not by_lr[lr]["mu_norm"] > 0 else
+                 f"{by_lr[lr]['logit_mean'] / by_lr[lr]['mu_norm']:.2f}" for lr in lrs]
         lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
