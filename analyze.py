@@ -34,7 +34,9 @@ import torch
 import data
 import heads
 import model
+import store
 import theorem4
+from store import positive_int
 
 DEFAULTS = dict(
     tokens=512,          # hidden states per measurement (N) of verify and logits
@@ -289,6 +291,7 @@ def token_batches(cfg: dict, args, n_tokens: int, vocab_size: int):
     data_dir = args.data or cfg.get("data")
     per_batch = args.batch_size * seq_len
     if data_dir:
+        store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
         try:
             return data.val_batches(data_dir, math.ceil(n_tokens / per_batch) * per_batch,
                                     args.batch_size, seq_len)
@@ -545,12 +548,12 @@ def print_table(rows, columns, title: str) -> None:
 
 
 def write_file(path: str, content: bytes) -> None:
-    """Write content to path as a unit (data.write_atomic: unique temporary file, fsync,
-    rename). A directory, a full disk or any other failure: one sentence (data.WriteError)."""
+    """Write content to path as a unit (store.write_atomic: unique temporary file, fsync,
+    rename). A directory, a full disk or any other failure: one sentence (store.WriteError)."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
-    data.write_atomic(data.make_folder(target.parent) / target.name, content)
+    store.write_atomic(store.make_folder(target.parent) / target.name, content)
 
 
 def write_json(path: str, result: dict) -> None:
@@ -602,13 +605,6 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 
 # ── CLI ───────────────────────────────────────────────────────────────────────────────────────
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers (output: --device --json --plot --seed; measurement: those and --data
@@ -686,7 +682,7 @@ def execute(args, commands: dict, program: str) -> dict:
         if args.json:
             write_json(args.json, result)
             print(f"wrote {args.json}")
-    except (FileNotFoundError, ValueError, data.WriteError) as err:
+    except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result
 

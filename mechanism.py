@@ -51,6 +51,7 @@ import torch
 import data
 import fused_loss
 import heads
+import store
 import train
 from model import from_config, load_checkpoint
 
@@ -118,7 +119,6 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
                          "lam": None, "cap": None})
     model.load_state_dict(state)
     model.head.loss_path = fused_loss.loss_path(None, "cpu")
-    model.check_token_ids = False
     return model.to(model_dtype)
 
 
@@ -431,21 +431,21 @@ def build_parser():
     a("--data", default="data/shakespeare", help="a folder of shards (scripts/shakespeare.sh)")
     a("--work", default="runs/mechanism", help="the base run and one JSON per continued run")
     a("--out", default="results/mechanism", help="the CSVs, table and figures")
-    a("--base_steps", type=data.positive_int, default=2000, help="steps of the base run")
-    a("--steps", type=data.positive_int, default=300, help="steps of each continued run")
-    a("--lr", type=data.positive_float, default=0.03, help="constant η of the continued runs")
-    a("--seeds", type=data.positive_int, default=3, help="data orders 0 … seeds − 1")
+    a("--base_steps", type=store.positive_int, default=2000, help="steps of the base run")
+    a("--steps", type=store.positive_int, default=300, help="steps of each continued run")
+    a("--lr", type=store.positive_float, default=0.03, help="constant η of the continued runs")
+    a("--seeds", type=store.positive_int, default=3, help="data orders 0 … seeds − 1")
     a("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
-    a("--val_tokens", type=data.positive_int, default=4096, help="validation tokens scored")
-    a("--measure_every", type=data.positive_int, default=25, help="steps between l̄, val loss")
-    a("--jobs", type=data.positive_int, default=2, help="runs at once (one core each)")
+    a("--val_tokens", type=store.positive_int, default=4096, help="validation tokens scored")
+    a("--measure_every", type=store.positive_int, default=25, help="steps between l̄, val loss")
+    a("--jobs", type=store.positive_int, default=2, help="runs at once (one core each)")
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        data.shard_paths(args.data, "train")
+        store.check_dataset(args.data)         # one whole dataset, before any run starts
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"mechanism.py: error: {err}") from None
     train_base(args)

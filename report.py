@@ -349,9 +349,9 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     lines = ["| N | " + " | ".join(labels) + " |", "|---" * (len(variants) + 1) + "|"]
     for size in sizes:
         values = [at.get((size, v), math.nan) for v in variants]
-        finite = [x for x in values if math.isfinite(x)]
+        finite = [x for x in values if not isinstance(x, str) and math.isfinite(x)]
         top = fmt(best(finite)) if best and finite else None
-        texts = [fmt(x) if math.isfinite(x) else "–" for x in values]
+        texts = [x if isinstance(x, str) else fmt(x) if math.isfinite(x) else "–" for x in values]
         texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
         lines.append(f"| {size} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
@@ -359,6 +359,24 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
 
 LOSS, LRS = "(i) Optimal loss min_η L (↓)", "(ii) Learning rate sensitivity LRS (↓)"
 TIME = "(iii) Additional training time (↓)"
+TIME_SPREAD = 1.1  # the most max/min of the times of one cell's runs that still measures the head
+NOT_COMPARABLE = ("n/c: not comparable, the runs of this variant or of its baseline took times "
+                  f"more than {TIME_SPREAD:g}× apart for the same work at other η, so the "
+                  "machine's load, not the head, set them (a shared CPU does that).")
+
+
+def time_text(cell, cells):
+    """(iii)'s entry: the additional time in %, or "n/c" where a time figure means nothing."""
+    base = [c for c in cells if c.head == "baseline" and c.size == cell.size and c.tie == cell.tie]
+    if not all(_steady_times(c) for c in [cell, *base]):
+        return "n/c"
+    return 100 * extra_time(cell, cells)
+
+
+def _steady_times(cell):
+    times = [row["train_time_s"] for row in cell.rows
+             if not row["diverged"] and math.isfinite(row["train_time_s"])]
+    return not times or max(times) <= TIME_SPREAD * min(times)
 
 
 def _caption(mean, l0):
@@ -384,8 +402,10 @@ def markdown_report(cells, mean="published", l0=None):
         parts += [f"## All variants, {tying} ({n_lrs} learning rates)",
                   LOSS, _markdown_table(main, optimal, loss_fmt),
                   LRS, _markdown_table(main, sensitivity, lrs_fmt),
-                  TIME, _markdown_table(main, lambda c: 100 * extra_time(c, cells),
-                                        "{:.1f}%".format, best=None)]
+                  TIME, _markdown_table(main, lambda c: time_text(c, cells), "{:.1f}%".format,
+                                        best=None)]
+        if any(time_text(c, cells) == "n/c" for c in main):
+            parts.append(NOT_COMPARABLE)
         if any(math.isfinite(row["logit_absmax"]) for c in main for row in c.rows):
             parts += [RESOLUTION, resolution_table(main)]
         if any(math.isfinite(row["mu_norm"]) and row["mu_norm"] > 0 for c in main
@@ -399,8 +419,9 @@ def markdown_report(cells, mean="published", l0=None):
     return "\n\n".join(parts) + "\n"
 
 
-RESOLUTION = ("(iv) Loss above the variant's best, and in brackets the bf16 spacing at max|l| "
-              "over the logits' spread σ_l, per learning rate")
+RESOLUTION = ("(iv) min(L, L₀) − the variant's best loss (a diverged run counts as L₀, as in "
+              "LRS), and in brackets the bf16 spacing at max|l| over the logits' spread σ_l, per "
+              "learning rate")
 
 
 def bf16_resolution(row):

@@ -696,3 +696,15 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     assert "| N | baseline | mu_center |" in (out / "table.md").read_text()
     for stem in ("fig2_loss_lrs_untied", "fig3_logits_untied"):
         assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.pdf").exists()
+
+
+def test_time_is_not_published_where_the_same_work_took_unequal_times(tmp_path):
+    """Table (iii): the runs of one cell do the same work at every η, so times further apart
+    than TIME_SPREAD measure the machine (a shared CPU), not the head: 'n/c', said below."""
+    path = tmp_path / "results.csv"
+    path.write_text("size,lr,head,lam,tie,test_loss,train_time_s\n"
+                    "tiny,0.01,baseline,,false,6.0,100\ntiny,0.1,baseline,,false,5.9,104\n"
+                    "tiny,0.01,z_loss,0.0001,false,6.0,105\ntiny,0.1,z_loss,0.0001,false,5.9,107\n"
+                    "tiny,0.01,mu_center,,false,6.0,60\ntiny,0.1,mu_center,,false,5.9,150\n")
+    markdown = report.markdown_report(report.reduce_runs(report.read_results(path, l0=10.8)))
+    assert "| tiny | 0.0% | 3.9% | n/c |" in markdown and report.NOT_COMPARABLE in markdown
