@@ -420,17 +420,21 @@ def markdown_report(cells, mean="published", l0=None):
 
 
 RESOLUTION = ("(iv) min(L, L₀) − the variant's best loss (a diverged run counts as L₀, as in "
-              "LRS), and in brackets the bf16 spacing at max|l| over the logits' spread σ_l, per "
-              "learning rate")
+              "LRS), and in brackets the bf16 spacing at the typical logit √(l̄² + σ_l²) over "
+              "the logits' spread σ_l, per learning rate")
 
 
 def bf16_resolution(row):
-    """The gap between neighbouring bf16 numbers at the run's mean max|l| (bf16 keeps 8
-    significant bits: 2^(⌊log₂ x⌋ − 7), i.e. float64's ulp × 2⁴⁵), in units of its mean logit
-    std σ_l. Near 1 and above, a logit stored in bf16 no longer resolves the spread that
-    carries the prediction: what the paper's baseline loses at large η (its l̄ drifts to
-    ~10³ with σ_l ≈ 5; μ-centering keeps l̄ = 0 and max|l| ≈ 20)."""
-    return math.ulp(row["logit_absmax"]) * 2 ** 45 / row["logit_std"]
+    """The gap between neighbouring bf16 numbers at the run's typical logit magnitude
+    √(l̄² + σ_l²) (bf16 keeps 8 significant bits: 2^(⌊log₂ x⌋ − 7), i.e. float64's ulp × 2⁴⁵),
+    in units of its logit std σ_l. Each logit rounds at its own magnitude, and most sit within
+    a few σ_l of l̄, so the rounding the softmax can see (its spread over the vocabulary,
+    heads.precision_stat_sums) is about this over √12. Not the spacing at max|l|: that is
+    where one outlying logit rounds (μ-centering's max|l| is larger than the baseline's on the
+    CPU proxy while its rounding is 5× smaller). Near 1 and above, bf16 no longer resolves the
+    spread that carries the prediction: the paper's baseline at large η (l̄ ≈ 10³, σ_l ≈ 5)."""
+    typical = math.hypot(row["logit_mean"], row["logit_std"])
+    return math.ulp(typical) * 2 ** 45 / row["logit_std"]
 
 
 def resolution_table(cells):
@@ -445,7 +449,7 @@ def resolution_table(cells):
         for lr in lrs:
             loss, row = by_lr.get(lr, (math.nan, None))
             resolution = bf16_resolution(row) if row and row["logit_std"] > 0 else math.nan
-            texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2f})")
+            texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2g})")
         lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import report
 import sweep
@@ -97,15 +98,26 @@ def test_reference_reproduces_table2(reference_tables):
 
 
 def test_published_baseline_loses_where_bf16_no_longer_resolves_its_logits(reference_tables):
-    """Table (iv): 16M baseline at η = 0.3 ends 1.22 above its best, with max|l| = 1176 where
-    bf16's spacing is 8 = 1.44 σ_l (σ_l = 5.5625); μ-centering's max|l| = 17.875 gives 0.125
-    = 0.04 of its σ_l = 3.40625."""
+    """Table (iv): 16M baseline at η = 0.3 ends 1.22 above its best, with l̄ = 1152 where
+    bf16's spacing is 8 = 1.44 σ_l (σ_l = 5.5625); μ-centering's l̄ = 0 leaves its logits at
+    σ_l = 3.40625, where the spacing is 2⁻⁶ = 0.0046 σ_l."""
     markdown = (reference_tables / "published" / "table.md").read_text()
-    assert "| 16M | baseline | 0.12 (0.05) |" in markdown and "| 1.22 (1.44) |" in markdown
-    assert "| 16M | mu_center | 0.12 (0.02) |" in markdown
-    row = {"logit_absmax": 1176.0, "logit_std": 5.5625}
+    assert "| 16M | baseline | 0.12 (0.012) |" in markdown and "| 1.22 (1.4) |" in markdown
+    assert "| 16M | mu_center | 0.12 (0.006) |" in markdown and "0.00 (0.0046) |" in markdown
+    row = {"logit_mean": 1152.0, "logit_std": 5.5625}
     assert report.bf16_resolution(row) == 8 / 5.5625
-    assert report.bf16_resolution({"logit_absmax": 17.875, "logit_std": 1.0}) == 0.125
+    assert report.bf16_resolution({"logit_mean": 0.0, "logit_std": 1.0}) == 2 ** -7
+
+
+@pytest.mark.parametrize("mean, std", [(0.0, 1.0), (-7.0, 1.0), (300.0, 5.0), (1152.0, 5.5)])
+def test_bf16_resolution_predicts_the_rounding_the_softmax_sees(mean, std):
+    """The spread over the vocabulary of the bf16 rounding error of logits N(l̄, σ²) is the
+    resolution over √12 (a uniform error over one spacing) to within a factor 1.6."""
+    logits = mean + std * torch.randn(50304, generator=torch.Generator().manual_seed(0),
+                                      dtype=torch.float64)
+    seen = (logits.bfloat16().double() - logits).std().item() / std
+    predicted = report.bf16_resolution({"logit_mean": mean, "logit_std": std}) / math.sqrt(12)
+    assert predicted / 1.6 < seen < predicted * 1.6
 
 
 def test_reference_reproduces_table3(reference_tables):
