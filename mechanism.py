@@ -387,9 +387,10 @@ def plot_gaps(gaps: list[dict], path: Path):
                         yerr=[ortho[0]["gap_end_std"]],
                         marker="s", mfc="white", capsize=3, color=COLORS[condition])
     ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("mean logit l̄ after the shift (L; 0 drawn at 10)")
-    ax.set_ylabel("val loss − unshifted run's (nats)")
+    ax.set_ylabel("val loss − unshifted run's (nats; symlog)")
     ax.set_title("loss gap after the shift; squares: ‖c‖ of L = 1000, orthogonal", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -415,6 +416,7 @@ def plot_logit_mean(curves: list[dict], path: Path):
             ax.plot(steps, [np.mean(by_step[s]) for s in steps], marker=".",
                     color=COLORS[condition], label=condition)
         ax.set_title(f"shift {shift}", fontsize=9)
+        ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
         ax.set_xlabel("step after the shift")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("mean logit l̄ = μ·h̄ (mean over seeds)")
