@@ -236,14 +236,22 @@ def results_csv(run_root):
 
 
 def read_log(run_dir):
-    """The records of a run's log.jsonl, in step order."""
+    """The records of a run's log.jsonl, in step order; a log that is empty, not JSON objects,
+    or without a step's `step` and `loss`, is refused in one sentence."""
     path = Path(run_dir) / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except ValueError:
         raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
+    if not records:
+        raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
+                         f"or leave it out")
+    if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
+        raise ValueError(f"{path} is not a log of train.py (a line is not a JSON object with "
+                         f"'step' and 'loss')")
+    return records
 
 
 # -----------------------------------------------------------------------------
@@ -600,21 +608,55 @@ CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), ("mu_norm"
           ("logit_mean", "logit mean  l̄"), ("logit_absmax", "max |l|"),
           ("prec_err_cast", "input rounding / σ_l"), ("prec_err_round", "result rounding / σ_l"),
           ("prec_ce_gap", "CE gap (nats)"))
+CURVE_SETTINGS = ("size", "lr", "tie", "dtype", "seed", "lam", "cap")  # told apart in labels
+LINE_STYLES = ("-", "--", ":", "-.")
+FEW_POINTS = 12  # series with at most this many points get markers
 
 
-def curves_figure(logs):
-    """The quantities of CURVES vs step, one line per run; logs = {run name: log records}."""
+def curve_labels(configs):
+    """A legend label per run: its head and the settings in which the runs differ,
+    e.g. 'baseline, seed 1'; configs = {run name: its config.json (or {})}."""
+    differ = [key for key in CURVE_SETTINGS
+              if len({str(config.get(key)) for config in configs.values()}) > 1]
+    return {name: ", ".join([str(config.get("head", Path(name).name))] +
+                            [f"{key} {config.get(key)}" for key in differ])
+            for name, config in configs.items()}
+
+
+def curves_figure(logs, configs=None):
+    """The quantities of CURVES vs step, one line per run: logs = {run name: log records},
+    configs = {run name: its config.json}. A head has one colour (HEAD_COLORS) in every figure;
+    runs of one head are told apart by line style, and named by what differs between them.
+    A series of few points (validation losses) is drawn with markers; a panel no run logged
+    is left out."""
+    configs = configs or {name: {} for name in logs}
+    labels = curve_labels(configs)
+    styles, seen = {}, {}
+    for name in logs:
+        head = configs[name].get("head")
+        styles[name] = dict(color=HEAD_COLORS.get(head, f"C{len(styles)}"),
+                            ls=LINE_STYLES[seen.get(head, 0) % len(LINE_STYLES)])
+        seen[head] = seen.get(head, 0) + 1
+    curves = [(key, label) for key, label in CURVES
+              if any(r.get(key) is not None for records in logs.values() for r in records)]
     plt = _pyplot()
-    fig, axes = plt.subplots(2, (len(CURVES) + 1) // 2, figsize=(16, 7), squeeze=False)
-    for ax, (key, label) in zip(axes.flat, CURVES):
+    ncols = math.ceil(len(curves) / 2)
+    fig, axes = plt.subplots(2, ncols, figsize=(4 * ncols, 7), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(curves):]:
+        ax.set_visible(False)
+    for ax, (key, label) in zip(axes.flat, curves):
+        values = []
         for name, records in logs.items():
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             if points:
-                ax.plot(*zip(*points), label=name, lw=1)
-        if key in ("mu_norm", "logit_absmax"):
+                ax.plot(*zip(*points), label=labels[name], lw=1.2,
+                        marker="o" if len(points) <= FEW_POINTS else None, ms=4,
+                        **styles[name])
+                values += [abs(v) for _, v in points if math.isfinite(v)]
+        if max(values, default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
             ax.set_yscale("symlog", linthresh=1.0)
         ax.set(title=label, xlabel="step")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
+    axes[0][0].legend(fontsize=8)
     return fig

@@ -539,10 +539,13 @@ def cmd_plot(args):
 
 
 def cmd_curves(args):
-    """Curves over training of a few runs (log.jsonl): report.CURVES vs step."""
-    fig = report.curves_figure({Path(run).name: report.read_log(run) for run in args.runs})
-    out = Path(args.out)
-    for path in save_figure(fig, data.make_folder(out.parent), out.name):
+    """Curves over training of a few runs (log.jsonl, coloured by the head in config.json):
+    report.CURVES vs step, into OUT/NAME.png and .pdf."""
+    logs = {run: report.read_log(run) for run in args.runs}
+    configs = {run: report.json_object(Path(run) / "config.json")
+               if (Path(run) / "config.json").exists() else {} for run in args.runs}
+    fig = report.curves_figure(logs, configs)
+    for path in save_figure(fig, data.make_folder(args.out), args.name):
         print(f"sweep: wrote {path}")
     return 0
 
@@ -605,7 +608,8 @@ def parse_args(argv=None):
     curves = commands.add_parser("curves", help="loss, ‖μ‖, logits and precision vs step of "
                                                 "some runs, as PNG + PDF")
     curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
-    curves.add_argument("--out", required=True, help="figure path without extension")
+    curves.add_argument("--out", required=True, help="output folder, as for plot")
+    curves.add_argument("--name", default="curves", help="the figure's file name, no extension")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
