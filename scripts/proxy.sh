@@ -26,7 +26,7 @@ python sweep.py run --grid proxy --out "$RUNS" --jobs 2 --tie false --dtypes bfl
 
 mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
-python sweep.py table "$OUT/results.csv"
+python sweep.py table "$OUT/results.csv" --out "$OUT"
 python sweep.py plot "$OUT/results.csv"
 run() { echo "$RUNS/tiny_$1"; }
 python sweep.py curves $(run baseline_lr1_tie0_bfloat16_seed0) $(run mu_center_lr1_tie0_bfloat16_seed0) \

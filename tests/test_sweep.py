@@ -403,7 +403,8 @@ def test_collect_refuses_a_summary_that_is_not_train_pys(hand_made_runs):
 
 def test_table_of_hand_made_runs(hand_made_runs):
     sweep.main(["collect", str(hand_made_runs)])
-    assert sweep.main(["table", str(hand_made_runs / "results.csv")]) == 0
+    assert sweep.main(["table", str(hand_made_runs / "results.csv"), "--out",
+                       str(hand_made_runs)]) == 0
     rows = table_rows(hand_made_runs)
     base, centred = rows[("tiny", "baseline", None)], rows[("tiny", "mu_center", None)]
     # baseline: capped losses 6.0, 5.5, L₀ = 10.8 (its own init_loss, diverged) -> best 5.5
@@ -512,6 +513,26 @@ def test_curves_refuse_a_log_that_is_not_one_in_one_sentence(tmp_path, log, prob
         sweep.main(["curves", str(run), "--out", str(tmp_path / "figures")])
     assert str(error.value).startswith(f"sweep curves: {run / 'log.jsonl'} {problem}")
     assert not (tmp_path / "figures").exists()
+
+
+def test_table_prints_and_writes_files_only_where_out_says(tmp_path, capsys):
+    csv_copy = tmp_path / "runs.csv"
+    csv_copy.write_bytes(REFERENCE.read_bytes())
+    assert sweep.main(["table", str(csv_copy)]) == 0
+    printed = capsys.readouterr().out
+    assert "(i) Optimal loss" in printed
+    assert printed.endswith("sweep: pass --out DIR to write table.md and table.csv\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv"]
+
+
+def test_a_dry_run_says_when_its_data_does_not_exist_yet(tmp_path, capsys):
+    dry_run(tmp_path / "runs", "--data", str(tmp_path / "text.txt"), str(tmp_path / "no"))
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"sweep: note: --data {tmp_path / 'text.txt'} {tmp_path / 'no'} does not exist yet; the "
+        f"runs fail until it does (make it with prepare.py)")
+    (tmp_path / "shards").mkdir()
+    dry_run(tmp_path / "runs", "--data", str(tmp_path / "shards"))
+    assert "note" not in capsys.readouterr().out
 
 
 # ---- finished runs count only with the settings asked ----------------------------------------
@@ -760,7 +781,8 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
         sweep.main(command[2:] + ["--steps", "12", "--dry_run"])  # train.py's own config.json
 
     results_csv = str(out / "results.csv")
-    for argv in (["collect", str(out)], ["table", results_csv], ["plot", results_csv]):
+    for argv in (["collect", str(out)], ["table", results_csv, "--out", str(out)],
+                 ["plot", results_csv]):
         assert sweep.main(argv) == 0
     with open(out / "results.csv", newline="") as f:
         results = list(csv.DictReader(f))
