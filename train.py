@@ -51,7 +51,7 @@ GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to t
 WARMUP_SHARE = 20          # default --warmup = --steps / 20: the paper's 5,000 of 100,000
 STAT_TOKENS = 524_288      # 2¹⁹ tokens ≈ the 5·10⁵ logit vectors of the paper's Sec. 3
 STAT_CHUNK = 1024          # tokens per logits chunk: bounds memory to STAT_CHUNK × V floats
-LOG_STAT_TOKENS = 128      # tokens of a log step's statistics (float64: ~3 ms/token on CPU, V 50304)
+LOG_STAT_TOKENS = 128      # tokens of a log step's statistics (float64: ~3 ms a token on CPU)
 TEXT_CACHE = "data/text"   # where --data text files are tokenized (prepare.text_dataset)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
