@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from analyze import load_checkpoint
-from data import EOT, non_negative_float, non_negative_int, positive_int
+from data import EOT
+from store import non_negative_float, non_negative_int, positive_int
 
 GPT2_VOCAB = 50257  # tokens of tiktoken's GPT-2 encoding; ids at or above it are padding
 
