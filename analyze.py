@@ -594,8 +594,17 @@ def plot_dot_histogram(dots: np.ndarray, bounds: dict, bins: int, path: str) -> 
 
 
 def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
-    """One line per key against the training step."""
+    """One line per key against the training step; of a single checkpoint (no curve to draw),
+    one bar per key."""
     fig, ax = new_axes()
+    if len(rows) == 1:
+        keys = list(keys)
+        ax.barh(keys, [rows[0][key] for key in keys], color="tab:blue")
+        ax.invert_yaxis()  # the first key on top, as in the printed table
+        ax.set(xlabel=ylabel, title=f"one checkpoint, step {rows[0]['step']} (keep_every "
+                                    f"snapshots give curves)")
+        save_figure(fig, path)
+        return
     steps = [r["step"] for r in rows]
     for key in keys:
         ax.plot(steps, [r[key] for r in rows], marker="o", label=key)

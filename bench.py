@@ -151,12 +151,15 @@ def timed(device, work):
 
 def round_robin(variants, run_once, steps):
     """Each variant's list of run_once(variant) over `steps` rounds of one run each; the order
-    rotates every round, so no variant always runs first or after the same neighbour."""
+    rotates every round, so no variant always runs first or after the same neighbour. Prints
+    each round's number as it ends: a slow device still shows progress."""
     results = {v: [] for v in variants}
+    print(f"  {len(variants)} variants, timed rounds:", end="", flush=True)
     for r in range(steps):
         shift = r % len(variants)
         for v in variants[shift:] + variants[:shift]:
             results[v].append(run_once(v))
+        print(f" {r + 1}", end="" if r + 1 < steps else "\n", flush=True)
     return results
 
 
@@ -205,6 +208,8 @@ def synthetic_batch(args, device):
 def bench_size(args, size):
     """Rows of results for one model size: every head × loss path, timed in turns."""
     device = torch.device(args.device)
+    print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …",
+          flush=True)
     batch = synthetic_batch(args, device)
     variants = {(h, i): Variant(args, size, h, i, batch) for h in args.heads for i in args.impls}
     for variant in variants.values():
@@ -334,6 +339,7 @@ def bench_loss_path(args, size):
     """Rows for the head alone at this size's width: every head × loss path (ours and the
     anchors), timed in turns, with the errors of loss and gradients against float64."""
     device = torch.device(args.device)
+    print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
     gen = torch.Generator().manual_seed(SEED)
     weight = (torch.randn(vocab, dim, generator=gen) / dim ** 0.5).to(device).requires_grad_()

@@ -335,9 +335,12 @@ def run_trivial(args) -> dict:
         raise ValueError(f"--trivial_tokens {args.trivial_tokens} leaves less than one batch of "
                          f"{batch * T} validation tokens; raise it to at least {11 * batch * T}.")
     eval_tokens = eval_steps * batch * T
+    all_steps = [max(args.steps, math.ceil(args.seqs_per_token * V / batch)) for V in args.vocabs]
+    print(f"trivial: {len(all_steps)} runs (V = {', '.join(map(str, args.vocabs))}) of "
+          f"{' + '.join(map(str, all_steps))} steps of {batch} × {T} tokens; train.py prints "
+          f"each run's ETA", flush=True)
     rows = []
-    for V in args.vocabs:
-        steps = max(args.steps, math.ceil(args.seqs_per_token * V / batch))
+    for V, steps in zip(args.vocabs, all_steps):
         train_share = 1 - prepare.VAL_FRACTION
         n_tokens = max(args.trivial_tokens, math.ceil(steps * batch * T / train_share))
         data_dir = out / f"repeat_V{V}_T{T}_N{n_tokens}"

@@ -56,6 +56,9 @@ MARKOV_ALPHA = 0.2                    # Dirichlet concentration of each transiti
 MARKOV_MAX_VOCAB = 4096               # the V×V float64 matrix stays ≤ 128 MiB
 MARKOV_CHAIN_TOKENS = 100_000         # tokens per independent chain (see synthesize_markov)
 GPT2_VOCAB_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+GPT2_FILES = ("vocab.bpe", "encoder.json")
+GPT2_SHIPPED = Path(__file__).resolve().parent / "tests" / "assets" / "gpt2"  # the same bytes
+GPT2_CACHE = Path(__file__).resolve().parent / "data" / "tiktoken"  # seeded from them offline
 
 
 # ----------------------------------------------------------------------------- train / val
@@ -77,7 +80,10 @@ def gpt2_encoding():
 
     tiktoken is imported here, not at the top: reading shards needs no tokenizer. It
     downloads vocab.bpe and encoder.json on first use and caches them in
-    TIKTOKEN_CACHE_DIR under the sha1 of their URL; offline, that cache must be seeded."""
+    TIKTOKEN_CACHE_DIR under the sha1 of their URL. Where that download fails (offline),
+    the byte-identical copies shipped in tests/assets/gpt2 seed such a cache in GPT2_CACHE,
+    which TIKTOKEN_CACHE_DIR then names for this process and its tokenizer workers (tiktoken
+    still checks their sha256; a half-copied file fails that check). One line says so."""
     try:
         import tiktoken
     except ImportError:
@@ -86,11 +92,41 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
-        names = ", ".join(f"{name} as {hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()}"
-                          for name in ("vocab.bpe", "encoder.json"))
-        raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(err).__name__}); "
-                           f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
-                           f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from err
+        failure = err
+    if _seed_gpt2_cache():
+        print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); using "
+              f"the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})", flush=True)
+        try:
+            return tiktoken.get_encoding("gpt2")
+        except Exception:
+            pass
+    names = ", ".join(f"{name} as {_gpt2_cache_name(name)}" for name in GPT2_FILES)
+    raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
+                       f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
+                       f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from failure
+
+
+
+def _gpt2_cache_name(name):
+    """The file name tiktoken caches a download under: the sha1 of its URL."""
+    return hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()
+
+
+def _seed_gpt2_cache():
+    """Copy the shipped GPT-2 files into GPT2_CACHE and point TIKTOKEN_CACHE_DIR at it; False
+    when there is nothing new to try (no shipped copy, the cache already in use, or it cannot
+    be written)."""
+    if os.environ.get("TIKTOKEN_CACHE_DIR") == str(GPT2_CACHE) or \
+            not all((GPT2_SHIPPED / name).is_file() for name in GPT2_FILES):
+        return False
+    try:
+        GPT2_CACHE.mkdir(parents=True, exist_ok=True)
+        for name in GPT2_FILES:
+            shutil.copyfile(GPT2_SHIPPED / name, GPT2_CACHE / _gpt2_cache_name(name))
+    except OSError:
+        return False
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)  # inherited by the tokenizer workers
+    return True
 
 
 def text_pieces(text, max_chars=PIECE_CHARS):

@@ -237,14 +237,22 @@ def results_csv(run_root):
 
 
 def read_log(run_dir):
-    """The records of a run's log.jsonl, in step order."""
+    """The records of a run's log.jsonl, in step order; a log that is empty, not JSON objects,
+    or without a step's `step` and `loss`, is refused in one sentence."""
     path = Path(run_dir) / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except ValueError:
         raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
+    if not records:
+        raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
+                         f"or leave it out")
+    if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
+        raise ValueError(f"{path} is not a log of train.py (a line is not a JSON object with "
+                         f"'step' and 'loss')")
+    return records
 
 
 # -----------------------------------------------------------------------------
@@ -507,9 +515,10 @@ def figures(cells, ref_cells=()):
         head_color = lambda c: HEAD_COLORS.get(c.head, "k")
         drawn = [(f"fig2_loss_lrs_{tying}", _plot_loss_and_lrs(
                      plt, ours, ref, head_color, lambda c: variant_label(c.variant),
-                     f"Loss vs learning rate and LRS vs size ({tying})")),
+                     f"Loss vs learning rate, and LRS ({tying})")),
                  (f"fig3_logits_{tying}", _plot_metrics(
-                     plt, ours, ref, f"Logit statistics, ‖μ‖ vs learning rate ({tying})"))]
+                     plt, ours, ref, f"Logit statistics, ‖μ‖ and the head's rounding vs "
+                                     f"learning rate ({tying})"))]
         for stem, fig in drawn:
             yield stem, fig
             plt.close(fig)
@@ -526,24 +535,25 @@ def figures(cells, ref_cells=()):
 
 
 def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
-    """Top row: min(L(η), L₀) vs η, one panel per size; below: LRS vs size. Dashed = paper."""
+    """Top row: min(L(η), L₀) vs η, one panel per column (size, or size and dtype/seed); below:
+    LRS per column, joined by lines only where the columns are model sizes. Dashed = paper."""
     sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
-    fig = plt.figure(figsize=(3.2 * max(len(sizes), 2) + 1, 6.4))
-    grid = fig.add_gridspec(2, max(len(sizes), 2))
+    one = len(sizes) == 1  # then the LRS panel sits beside the loss panel
+    fig = plt.figure(figsize=(3.2 * max(len(sizes), 2) + 1, 3.4 if one else 6.4),
+                     layout="constrained")
+    grid = fig.add_gridspec(1 if one else 2, max(len(sizes), 2))
     loss_axes = [fig.add_subplot(grid[0, i]) for i in range(len(sizes))]
-    lrs_ax = fig.add_subplot(grid[1, :2])
+    lrs_ax = fig.add_subplot(grid[0, 1] if one else grid[1, :min(len(sizes), 3)])
     for source, style in ((cells, SOLID), (ref_cells, DASHED)):
         suffix = " (paper)" if source is ref_cells else ""
         for c in source:
             loss_axes[sizes.index(c.size)].plot(c.lrs, c.losses, color=color_of(c),
                                                 label=label_of(c) + suffix, **style)
-        for variant in sorted({c.variant for c in source}, key=variant_order):
-            line = sorted((c for c in source if c.variant == variant),
-                          key=lambda c: size_order(c.size))
-            lrs_ax.plot([sizes.index(c.size) for c in line], [c.lrs_value for c in line],
-                        color=color_of(line[0]), label=label_of(line[0]) + suffix, **style)
-    for ax, size in zip(loss_axes, sizes):
-        losses = [loss for c in cells + ref_cells if c.size == size for loss in c.losses]
+    by_size = _columns_are_sizes(sizes)
+    _plot_lrs(lrs_ax, sizes, by_size, cells, ref_cells, color_of, label_of)
+    for ax, size in zip(loss_axes, sizes):  # columns of one size share their loss axis
+        losses = [loss for c in cells + ref_cells if c.size == size or not by_size
+                  for loss in c.losses]
         # zoom on the optimum: up to 30% above it, the region the paper's Fig. 2 shows
         low, high = min(losses), min(max(losses), 1.3 * min(losses))
         pad = 0.05 * (high - low) or 0.05
@@ -551,49 +561,93 @@ def _plot_loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
         ax.grid(alpha=0.3)
     loss_axes[0].set_ylabel("loss min(L, L₀)")
     loss_axes[0].legend(fontsize=7)
-    positive = all(c.lrs_value > 0 for c in cells + ref_cells)  # a log axis must show them all
-    lrs_ax.set(xticks=range(len(sizes)), xticklabels=sizes, xlabel="model size N", ylabel="LRS",
-               yscale="log" if positive else "linear")
-    lrs_ax.grid(alpha=0.3)
-    lrs_ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
+
+
+def _columns_are_sizes(columns):
+    """Whether the figure's columns are model sizes (an axis), not settings of one size."""
+    return len(columns) > 1 and all(" " not in column for column in columns)
+
+
+def _plot_lrs(ax, columns, by_size, cells, ref_cells, color_of, label_of):
+    """LRS per column. Model sizes are an axis (lines, as the paper's Fig. 2); columns that are
+    settings of one size (dtype, seed) are categories: markers only, side by side per variant.
+    The axis is linear from 0 unless the values span more than a factor of 10 (then log)."""
+    variants = sorted({c.variant for c in cells + ref_cells}, key=variant_order)
+    for source, style in ((cells, SOLID), (ref_cells, DASHED)):
+        suffix = " (paper)" if source is ref_cells else ""
+        for k, variant in enumerate(variants):
+            line = sorted((c for c in source if c.variant == variant),
+                          key=lambda c: size_order(c.size))
+            if not line:
+                continue
+            dodge = 0 if by_size else 0.5 * (k + 0.5) / len(variants) - 0.25
+            ax.plot([columns.index(c.size) + dodge for c in line], [c.lrs_value for c in line],
+                    color=color_of(line[0]), label=label_of(line[0]) + suffix,
+                    **(style if by_size else {**style, "ls": "none", "ms": 6}))
+    values = [c.lrs_value for c in cells + ref_cells if math.isfinite(c.lrs_value)]
+    wide = bool(values) and min(values) > 0 and max(values) > 10 * min(values)
+    ax.set(xticks=range(len(columns)), xticklabels=columns, ylabel="LRS", xlim=(-0.5,
+           len(columns) - 0.5), xlabel="model size N" if by_size else "runs (size, dtype, seed)")
+    if wide:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, 1.1 * max(values, default=1.0))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def _plot_metrics(plt, cells, ref_cells, title):
     """Fig. 3: logit mean, logit std, ‖μ‖ and max |l| vs η, and the precision metrics where the
-    runs logged them; rows = metrics, columns = sizes."""
+    runs logged them; rows = metrics, columns = sizes (one size: the metrics side by side).
+    A metric gets one y scale in all its panels: symlog (linear within ±1) where its values
+    reach past 50, as the baseline's ‖μ‖ does while μ-centering's stays at 0."""
     sizes = sorted({c.size for c in cells + ref_cells}, key=size_order)
     metrics = METRICS + tuple(m for m in PRECISION_METRICS
                               if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
-    fig, axes = plt.subplots(len(metrics), len(sizes), figsize=(3.2 * len(sizes) + 1,
-                                                                2.5 * len(metrics)), squeeze=False)
+    if len(sizes) == 1:  # a strip of one column would be 7 panels tall: wrap it
+        ncols = math.ceil(len(metrics) / 2)
+        fig, grid = plt.subplots(2, ncols, figsize=(3.3 * ncols, 6.2), squeeze=False,
+                                 layout="constrained")
+        panels = {(metric, sizes[0]): ax for (metric, _), ax in zip(metrics, grid.flat)}
+        for ax in grid.flat[len(metrics):]:
+            ax.set_visible(False)
+    else:
+        fig, grid = plt.subplots(len(metrics), len(sizes), figsize=(3.2 * len(sizes) + 1,
+                                 2.5 * len(metrics)), squeeze=False, layout="constrained")
+        panels = {(metric, size): grid[i][j] for i, (metric, _) in enumerate(metrics)
+                  for j, size in enumerate(sizes)}
     for source, style in ((cells, SOLID), (ref_cells, DASHED)):
         suffix = " (paper)" if source is ref_cells else ""
         for c in source:
-            for i, (metric, _) in enumerate(metrics):
-                axes[i][sizes.index(c.size)].plot(c.lrs, [row[metric] for row in c.rows],
-                                                  color=HEAD_COLORS.get(c.head, "k"),
-                                                  label=variant_label(c.variant) + suffix, **style)
-    for i, (metric, label) in enumerate(metrics):
-        for j, size in enumerate(sizes):
-            ax = axes[i][j]
-            values = [abs(r[metric]) for c in cells + ref_cells if c.size == size for r in c.rows]
-            # the baseline's values grow by orders of magnitude while μ-centering's stay at 0:
-            # symlog (linear within ±1) shows both, where the range calls for it
-            if max(filter(math.isfinite, values), default=0.0) > 50:
+            for metric, _ in metrics:
+                panels[metric, c.size].plot(c.lrs, [row[metric] for row in c.rows],
+                                            color=HEAD_COLORS.get(c.head, "k"),
+                                            label=variant_label(c.variant) + suffix, **style)
+    for metric, label in metrics:
+        values = [abs(r[metric]) for c in cells + ref_cells for r in c.rows]
+        symlog = max(filter(math.isfinite, values), default=0.0) > 50
+        for size in sizes:
+            ax = panels[metric, size]
+            if symlog:
                 ax.set_yscale("symlog", linthresh=1.0)
             ax.set_xscale("log")
-            ax.grid(alpha=0.3)
-            if i == 0:
-                ax.set_title(size)
-            if i == len(metrics) - 1:
+            if len(sizes) == 1 or metric == metrics[-1][0]:
                 ax.set_xlabel("learning rate η")
-        axes[i][0].set_ylabel(label)
-    axes[0][0].legend(fontsize=7)
+            if all(r[metric] == 0 for c in cells + ref_cells if c.size == size for r in c.rows):
+                ax.text(0.5, 0.6, "0 at every η", transform=ax.transAxes, ha="center")
+            ax.grid(alpha=0.3)
+            if len(sizes) == 1:
+                ax.set_title(label, fontsize=10)
+            elif metric == metrics[0][0]:
+                ax.set_title(size)
+            if len(sizes) > 1 and size == sizes[0]:
+                ax.set_ylabel(label)
+    if len(sizes) == 1:
+        title += f", {sizes[0]}"
+    panels[metrics[0][0], sizes[0]].legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -602,21 +656,55 @@ CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), ("mu_norm"
           ("logit_absmax", "max |l|"),
           ("prec_err_cast", "input rounding / σ_l"), ("prec_err_round", "result rounding / σ_l"),
           ("prec_ce_gap", "CE gap (nats)"))
+CURVE_SETTINGS = ("size", "lr", "tie", "dtype", "seed", "lam", "cap")  # told apart in labels
+LINE_STYLES = ("-", "--", ":", "-.")
+FEW_POINTS = 12  # series with at most this many points get markers
 
 
-def curves_figure(logs):
-    """The quantities of CURVES vs step, one line per run; logs = {run name: log records}."""
+def curve_labels(configs):
+    """A legend label per run: its head and the settings in which the runs differ,
+    e.g. 'baseline, seed 1'; configs = {run name: its config.json (or {})}."""
+    differ = [key for key in CURVE_SETTINGS
+              if len({str(config.get(key)) for config in configs.values()}) > 1]
+    return {name: ", ".join([str(config.get("head", Path(name).name))] +
+                            [f"{key} {config.get(key)}" for key in differ])
+            for name, config in configs.items()}
+
+
+def curves_figure(logs, configs=None):
+    """The quantities of CURVES vs step, one line per run: logs = {run name: log records},
+    configs = {run name: its config.json}. A head has one colour (HEAD_COLORS) in every figure;
+    runs of one head are told apart by line style, and named by what differs between them.
+    A series of few points (validation losses) is drawn with markers; a panel no run logged
+    is left out."""
+    configs = configs or {name: {} for name in logs}
+    labels = curve_labels(configs)
+    styles, seen = {}, {}
+    for name in logs:
+        head = configs[name].get("head")
+        styles[name] = dict(color=HEAD_COLORS.get(head, f"C{len(styles)}"),
+                            ls=LINE_STYLES[seen.get(head, 0) % len(LINE_STYLES)])
+        seen[head] = seen.get(head, 0) + 1
+    curves = [(key, label) for key, label in CURVES
+              if any(r.get(key) is not None for records in logs.values() for r in records)]
     plt = _pyplot()
-    fig, axes = plt.subplots(2, (len(CURVES) + 1) // 2, figsize=(16, 7), squeeze=False)
-    for ax, (key, label) in zip(axes.flat, CURVES):
+    ncols = math.ceil(len(curves) / 2)
+    fig, axes = plt.subplots(2, ncols, figsize=(4 * ncols, 7), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(curves):]:
+        ax.set_visible(False)
+    for ax, (key, label) in zip(axes.flat, curves):
+        values = []
         for name, records in logs.items():
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             if points:
-                ax.plot(*zip(*points), label=name, lw=1)
-        if key in ("mu_norm", "logit_absmax"):
+                ax.plot(*zip(*points), label=labels[name], lw=1.2,
+                        marker="o" if len(points) <= FEW_POINTS else None, ms=4,
+                        **styles[name])
+                values += [abs(v) for _, v in points if math.isfinite(v)]
+        if max(values, default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
             ax.set_yscale("symlog", linthresh=1.0)
         ax.set(title=label, xlabel="step")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
+    axes[0][0].legend(fontsize=8)
     return fig

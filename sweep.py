@@ -449,6 +449,19 @@ def check_pass_through(extra_args):
                              f"instead (--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
 
 
+def missing_data(train_args):
+    """The paths of the last --data among train.py's options that do not exist, joined; ''."""
+    if "--data" not in train_args:
+        return ""
+    start = len(train_args) - train_args[::-1].index("--data")
+    paths = []
+    for arg in train_args[start:]:
+        if arg.startswith("--"):
+            break
+        paths.append(arg)
+    return " ".join(path for path in paths if not Path(path).exists())
+
+
 def cmd_run(args, extra_args):
     check_pass_through(extra_args)
     runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps,
@@ -462,6 +475,9 @@ def cmd_run(args, extra_args):
     if args.dry_run:
         for run in todo:
             print(shlex.join(train_command(run, args.out, extra_args, args.nproc_per_node)))
+        if todo and missing_data(extra_args):
+            print(f"sweep: note: --data {missing_data(extra_args)} does not exist yet; the runs "
+                  f"fail until it does (make it with prepare.py)")
         return 0
     if not todo:
         return 0
@@ -515,12 +531,17 @@ def save_figure(fig, folder, stem):
 
 
 def cmd_table(args):
+    """Print the tables; with --out also write them there (table.md, table.csv): a CSV's own
+    folder may be one the user would not expect files in (tests/data for the paper's runs)."""
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
-    out = store.make_folder(args.out or Path(args.results).parent)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
+    print(markdown)
+    if not args.out:
+        print("sweep: pass --out DIR to write table.md and table.csv")
+        return 0
+    out = store.make_folder(args.out)
     store.write_atomic(out / "table.md", markdown)
     store.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
-    print(markdown)
     print(f"sweep: wrote {out / 'table.md'} and {out / 'table.csv'}")
     return 0
 
@@ -539,10 +560,13 @@ def cmd_plot(args):
 
 
 def cmd_curves(args):
-    """Curves over training of a few runs (log.jsonl): report.CURVES vs step."""
-    fig = report.curves_figure({Path(run).name: report.read_log(run) for run in args.runs})
-    out = Path(args.out)
-    for path in save_figure(fig, store.make_folder(out.parent), out.name):
+    """Curves over training of a few runs (log.jsonl, coloured by the head in config.json):
+    report.CURVES vs step, into OUT/NAME.png and .pdf."""
+    logs = {run: report.read_log(run) for run in args.runs}
+    configs = {run: report.json_object(Path(run) / "config.json")
+               if (Path(run) / "config.json").exists() else {} for run in args.runs}
+    fig = report.curves_figure(logs, configs)
+    for path in save_figure(fig, store.make_folder(args.out), args.name):
         print(f"sweep: wrote {path}")
     return 0
 
@@ -592,7 +616,8 @@ def parse_args(argv=None):
                        ("plot", "the paper's Fig. 2/3/4/8 as PNG + PDF")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("results", help="a results CSV (from collect, or the published runs)")
-        sub.add_argument("--out", help="output folder (default: the CSV's folder)")
+        sub.add_argument("--out", help="output folder (table: none, print only; plot: the "
+                                        "CSV's folder)")
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
                          help="divide the LRS sum by n_η − 1 (published tables) "
                               "or n_η (Eq. 22)")
@@ -605,7 +630,8 @@ def parse_args(argv=None):
     curves = commands.add_parser("curves", help="loss, ‖μ‖, logits and precision vs step of "
                                                 "some runs, as PNG + PDF")
     curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
-    curves.add_argument("--out", required=True, help="figure path without extension")
+    curves.add_argument("--out", required=True, help="output folder, as for plot")
+    curves.add_argument("--name", default="curves", help="the figure's file name, no extension")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -52,6 +52,7 @@ GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to t
 WARMUP_SHARE = 20          # default --warmup = --steps / 20: the paper's 5,000 of 100,000
 STAT_TOKENS = 524_288      # 2¹⁹ tokens ≈ the 5·10⁵ logit vectors of the paper's Sec. 3
 STAT_CHUNK = 1024          # tokens per logits chunk: bounds memory to STAT_CHUNK × V floats
+LOG_STAT_TOKENS = 128      # tokens of a log step's statistics (float64: ~3 ms a token on CPU)
 TEXT_CACHE = "data/text"   # where --data text files are tokenized (prepare.text_dataset)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -124,6 +125,19 @@ def resolve_device(args, error) -> str:
     if args.compile is None:
         args.compile = device.type == "cuda"
     return device.type
+
+
+def choose_cpu_threads(ctx: Dist) -> int:
+    """On CPU, unless OMP_NUM_THREADS says otherwise: as many threads as there are idle cores
+    (the cores this process may use less the 1-minute load average, at least 1), shared by the
+    processes of this node. torch's default, one per core, oversubscribes a busy machine: on a
+    loaded 2-core CPU the quickstart took 8 min with 2 threads and 2 min 49 s with 1."""
+    if ctx.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            os.cpu_count() or 1
+        idle = cores - (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0)
+        torch.set_num_threads(max(1, int(idle) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    return torch.get_num_threads()
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -335,18 +349,25 @@ ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up wi
 
 
 @torch.no_grad()
-def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp) -> torch.Tensor:
+def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
+                   max_tokens: int | None = None) -> torch.Tensor:
     """Σ over the tokens of x of the per-token statistics of HEAD_STATS (heads.logit_stat_sums:
     mean, std, max |l|, log²Z of the logits as the run computes them; heads.precision_stat_sums:
     what the matmul's dtype costs them), the token count, then Σ h (D values): float64
-    (8 + D,). Divided by the count they give the means over tokens. STAT_CHUNK tokens at a time."""
+    (8 + D,). Divided by the count they give the means over tokens. STAT_CHUNK tokens at a time.
+    With max_tokens, only every k-th token counts, k = ⌈N / max_tokens⌉, so that they spread
+    over rows and positions (the others still give them their context)."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
+    y = y.flatten()
+    if max_tokens and len(h) > max_tokens:
+        stride = -(-len(h) // max_tokens)
+        h, y = h[::stride], y[::stride]
     matmul_dtype = model.head.matmul_dtype or (torch.float32 if args.dtype == "float32"
                                                else getattr(torch, args.dtype))
     n = len(HEAD_STATS)
     sums = torch.zeros(n + 1 + h.shape[-1], dtype=torch.float64, device=h.device)
-    for chunk, targets in zip(h.split(STAT_CHUNK), y.flatten().split(STAT_CHUNK)):
+    for chunk, targets in zip(h.split(STAT_CHUNK), y.split(STAT_CHUNK)):
         with amp:
             logits = model.head.logits(chunk, model.output_weight)
         sums[:4] += heads.logit_stat_sums(logits)
@@ -400,11 +421,39 @@ def final_head_stats(model: GPT, args, ctx: Dist, amp) -> dict:
 
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
-    """loss, grad_norm, ‖μ‖ and the head statistics of this process's last micro-batch
-    (summed over processes). Reads device values, so log steps only."""
-    sums = head_stat_sums(model, result.last_x, result.last_y, args, amp)
+    """loss, grad_norm, ‖μ‖ and the head statistics of LOG_STAT_TOKENS tokens of this process's
+    last micro-batch (summed over processes): the float64 precision metrics over all its tokens
+    would cost more than the steps between two log lines. Reads device values, so log steps
+    only; the final statistics (final_head_stats) cover --stat_tokens."""
+    sums = head_stat_sums(model, result.last_x, result.last_y, args, amp, LOG_STAT_TOKENS)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
             "mu_norm": mu_norm(model).item(), **head_stats(sums, model)}
+
+
+def eta_seconds(step: int, args, per_step: float, log_s: float, eval_s: float) -> float:
+    """Seconds until the run ends after `step`: the steps left, the log steps and evaluations
+    among them (each as long as the last one), and the final statistics over --stat_tokens
+    (as long per token as a log step's)."""
+    final_stats = log_s * args.stat_tokens / LOG_STAT_TOKENS
+    if step == args.steps:
+        return final_stats
+
+    def count(every):  # multiples of `every` in (step, steps], and --steps itself
+        return (args.steps // every - step // every + bool(args.steps % every)) if every else 1
+    return ((args.steps - step) * per_step + count(args.log_every) * log_s
+            + count(args.eval_every) * eval_s + final_stats)
+
+
+def timed(fn, *args):
+    """fn(*args) and the seconds it took (fn reads a device value, so the device is done)."""
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
+
+
+def cpu_threads(ctx: Dist) -> str:
+    """', N CPU thread(s)' for the run's first line (choose_cpu_threads), '' on a GPU."""
+    return f", {torch.get_num_threads()} CPU thread(s)" if ctx.device.type == "cpu" else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +479,8 @@ def setup(args, ctx: Dist, out: Path, say) -> Run | None:
     """Everything before the first step: the data, the run folder's checks, the model and its
     optimizer (restored from ckpt.pt with --resume), config.json. None when --resume finds the
     run finished."""
+    if ctx.master and not args.resume:  # a folder holding a run is refused before any download
+        check_run_folder(args, out, config={})
     prepare_data(args, ctx)
     loader = open_data(args, ctx, say)
     config = dict(vars(args))
@@ -466,10 +517,11 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         f"embedding), head {args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} "
         f"process(es) × {grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
         f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}"
-        f"{' compiled' * args.compile}; "
+        f"{' compiled' * args.compile}{cpu_threads(ctx)}; "
         f"{f'resuming after step {run.step} of ' if run.step else ''}{args.steps} steps")
+    eval_s = log_s = 0.0  # seconds of the last evaluation and log step, for the ETA
     if run.init_loss is None:
-        run.init_loss = evaluate(run.compiled, args, ctx, run.amp)
+        run.init_loss, eval_s = timed(evaluate, run.compiled, args, ctx, run.amp)
         say(f"step 0: val loss {run.init_loss:.4f} (ln V = {math.log(args.vocab_size):.4f})")
         if args.keep_every and ctx.master:
             save_snapshot(run.out, run.model, 0, run.config)
@@ -494,13 +546,15 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
             break
         if is_log:
             tok_per_s, per_step = speed.read()
+            metrics, log_s = timed(step_metrics, run.model, result, args, run.amp)
             record = {"step": step, "tokens": step * tokens_per_step, "lr": lr_at(step - 1, args),
-                      **step_metrics(run.model, result, args, run.amp), "tok_per_s": tok_per_s,
+                      **metrics, "tok_per_s": tok_per_s,
                       "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size) if peak
                       else None}
             if is_eval:
-                record["val_loss"] = last_val = evaluate(run.compiled, args, ctx, run.amp)
-            say(log_line(record, args.steps, eta=(args.steps - step) * per_step))
+                last_val, eval_s = timed(evaluate, run.compiled, args, ctx, run.amp)
+                record["val_loss"] = last_val
+            say(log_line(record, args.steps, eta=eta_seconds(step, args, per_step, log_s, eval_s)))
             if ctx.master:
                 append_log(run.out / "log.jsonl", record)
         if is_save and ctx.master:
@@ -541,6 +595,7 @@ def train(args, ctx: Dist) -> GPT | None:
     writes its files. Returns the trained model (None when --resume finds the run finished)."""
     say = print if ctx.master else (lambda *a, **k: None)
     out = Path(args.out_dir)
+    choose_cpu_threads(ctx)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         run = setup(args, ctx, out, say)
         if run is None:

@@ -26,14 +26,14 @@ python sweep.py run --grid proxy --out "$RUNS" --jobs 2 --tie false --dtypes bfl
 
 mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
-python sweep.py table "$OUT/results.csv"
+python sweep.py table "$OUT/results.csv" --out "$OUT"
 python sweep.py plot "$OUT/results.csv"
 run() { echo "$RUNS/tiny_$1"; }
 python sweep.py curves $(run baseline_lr1_tie0_bfloat16_seed0) $(run mu_center_lr1_tie0_bfloat16_seed0) \
     $(run baseline_lr1_tie0_bfloat16_seed1) $(run mu_center_lr1_tie0_bfloat16_seed1) \
-    --out "$OUT/curves_untied_lr1_bf16"
+    --out "$OUT" --name curves_untied_lr1_bf16
 python sweep.py curves $(run baseline_lr0.01_tie1_bfloat16_seed0) \
-    $(run mu_center_lr0.01_tie1_bfloat16_seed0) --out "$OUT/curves_tied_lr0.01_bf16"
+    $(run mu_center_lr0.01_tie1_bfloat16_seed0) --out "$OUT" --name curves_tied_lr0.01_bf16
 # the finite-precision channel alone: the trained baseline's rows shifted by one common vector
 python analyze.py logits --run "$(run baseline_lr1_tie0_bfloat16_seed0)" --dtype bfloat16 \
     --tokens 1024 --offsets 0 10 30 100 300 1000 --json "$OUT/offsets_bf16.json"

@@ -18,5 +18,5 @@ python sweep.py run --grid proxy --sizes 16M --dtypes bfloat16 --gpus 0,0,0,0,0,
     --stat_tokens 65536 --log_every 20 --data "$DATA"
 mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
-python sweep.py table "$OUT/results.csv"
+python sweep.py table "$OUT/results.csv" --out "$OUT"
 python sweep.py plot "$OUT/results.csv"

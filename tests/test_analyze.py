@@ -343,6 +343,20 @@ def test_cli_bottleneck_follows_the_checkpoints_and_says_what_is_trivial(runs, t
     assert (tmp_path / "b.png").is_file()
 
 
+@pytest.mark.parametrize("steps", [[200], [0, 100, 200]])
+def test_curves_of_one_checkpoint_are_bars_not_a_dot_on_a_step_axis(monkeypatch, steps):
+    drawn = []
+    monkeypatch.setattr(analyze, "save_figure", lambda fig, path: drawn.append(fig))
+    rows = [{"step": step, "share_a": 0.2, "share_b": 0.7} for step in steps]
+    analyze.plot_curves(rows, ("share_a", "share_b"), "share", "unused.png")
+    ax, = drawn[0].axes
+    if len(steps) == 1:
+        assert [bar.get_width() for bar in ax.patches] == [0.2, 0.7] and not ax.get_lines()
+        assert ax.get_title().startswith("one checkpoint, step 200")
+    else:
+        assert len(ax.get_lines()) == 2 and ax.get_xlabel() == "training step"
+
+
 def test_cli_on_snapshots_written_by_train_py(markov_dir, tmp_path):
     import train
     run = tmp_path / "run"

@@ -122,10 +122,12 @@ def test_gpt2_ids():
     assert enc.eot_token == data.EOT == 50256
 
 
-def test_missing_vocabulary_says_how_to_seed_the_cache(monkeypatch):
+def test_missing_vocabulary_says_how_to_seed_the_cache(monkeypatch, tmp_path):
     def offline(name):
         raise ConnectionError("no network")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    monkeypatch.setattr(prepare, "GPT2_CACHE", tmp_path)  # the shipped copy is tried too
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
     with pytest.raises(RuntimeError, match="ConnectionError.*set TIKTOKEN_CACHE_DIR"):
         prepare.gpt2_encoding()
 

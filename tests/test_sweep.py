@@ -415,7 +415,8 @@ def test_collect_refuses_a_summary_that_is_not_train_pys(hand_made_runs):
 
 def test_table_of_hand_made_runs(hand_made_runs):
     sweep.main(["collect", str(hand_made_runs)])
-    assert sweep.main(["table", str(hand_made_runs / "results.csv")]) == 0
+    assert sweep.main(["table", str(hand_made_runs / "results.csv"), "--out",
+                       str(hand_made_runs)]) == 0
     rows = table_rows(hand_made_runs)
     base, centred = rows[("tiny", "baseline", None)], rows[("tiny", "mu_center", None)]
     # baseline: capped losses 6.0, 5.5, L₀ = 10.8 (its own init_loss, diverged) -> best 5.5
@@ -441,6 +442,109 @@ def test_plot_writes_png_and_pdf_beside_the_paper(hand_made_runs, tmp_path):
         assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (out / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
     assert not list(out.glob(".*"))
+
+
+PROXY = ROOT / "results" / "proxy" / "results.csv"
+
+
+def drawn_figures(csv_path):
+    """{stem: what its panels hold} for report.figures of a results CSV, read as they are drawn
+    (each figure is closed when the next is asked for)."""
+    columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)
+    cells = report.reduce_runs(report.read_results(csv_path, columns=columns))
+    drawn = {}
+    for stem, fig in report.figures(cells):
+        drawn[stem] = {"size": tuple(fig.get_size_inches()), "axes": [
+            {"title": ax.get_title(), "yscale": ax.get_yscale(), "xlabel": ax.get_xlabel(),
+             "styles": {line.get_linestyle() for line in ax.get_lines()}}
+            for ax in fig.axes if ax.get_visible()]}
+    return drawn
+
+
+def test_lrs_joins_model_sizes_by_lines_and_shows_settings_columns_as_markers():
+    proxy = drawn_figures(PROXY)["fig2_loss_lrs_untied"]["axes"][-1]   # tiny bf16/seed1/float32
+    assert proxy["xlabel"] == "runs (size, dtype, seed)" and proxy["styles"] == {"None"}
+    paper = drawn_figures(REFERENCE)["fig2_loss_lrs_untied"]["axes"][-1]  # 16M … 221M
+    assert paper["xlabel"] == "model size N" and paper["styles"] == {"-"}
+
+
+def test_logit_figures_give_a_metric_one_scale_and_one_column_a_grid_not_a_strip():
+    drawn = drawn_figures(PROXY)
+    untied = drawn["fig3_logits_untied"]["axes"]   # rows = metrics, 3 columns
+    mu_row = untied[6:9]                           # ‖μ‖: the seed-1 column too stays symlog
+    assert [ax["yscale"] for ax in mu_row] == ["symlog"] * 3
+    width, height = drawn["fig3_logits_tied"]["size"]  # one column: 7 metrics in 2 rows
+    assert width > height and len(drawn["fig3_logits_tied"]["axes"]) == 7
+
+
+def write_curve_run(folder, head, seed, val_steps=(30,)):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"head": head, "seed": seed, "lr": 1.0,
+                                                    "size": "tiny"}))
+    records = [{"step": step, "loss": 7 - step / 10, "mu_norm": 0.0 if head == "mu_center"
+                else step * 2.0, **({"val_loss": 6.5} if step in val_steps else {})}
+               for step in range(1, 31)]
+    (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_curves_colour_by_head_name_what_differs_and_mark_a_single_point(tmp_path):
+    runs = {(head, seed): write_curve_run(tmp_path / f"{head}{seed}", head, seed)
+            for head in ("baseline", "mu_center") for seed in (0, 1)}
+    logs = {str(run): report.read_log(run) for run in runs.values()}
+    configs = {str(run): report.json_object(run / "config.json") for run in runs.values()}
+    fig = report.curves_figure(logs, configs)
+    loss, val, mu = (ax for ax in fig.axes if ax.get_visible())
+    assert [ax.get_title() for ax in (loss, val, mu)] == ["training loss", "validation loss",
+                                                          "‖μ‖"]  # panels no run logged: gone
+    labels = {line.get_label(): line for line in loss.get_lines()}
+    assert sorted(labels) == ["baseline, seed 0", "baseline, seed 1", "mu_center, seed 0",
+                              "mu_center, seed 1"]
+    assert labels["baseline, seed 0"].get_color() == labels["baseline, seed 1"].get_color() \
+        == report.HEAD_COLORS["baseline"]
+    assert labels["baseline, seed 0"].get_linestyle() != labels["baseline, seed 1"].get_linestyle()
+    assert {line.get_marker() for line in val.get_lines()} == {"o"}   # one point each: visible
+    assert {line.get_marker() for line in loss.get_lines()} == {"None"}
+    assert mu.get_yscale() == "symlog"
+    out = tmp_path / "figures"
+    assert sweep.main(["curves", *map(str, runs.values()), "--out", str(out), "--name", "c"]) == 0
+    assert (out / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("log, problem", [
+    ("", "is empty: the run has not logged a step yet"),
+    ('{"step": 1, "lr": 0.1}\n', "is not a log of train.py (a line is not a JSON object with "
+                                  "'step' and 'loss')"),
+    ("[1, 2]\n", "is not a log of train.py (a line is not a JSON object with 'step' and 'loss')"),
+    ("{oops\n", "is not a log of train.py (a line is not JSON)")])
+def test_curves_refuse_a_log_that_is_not_one_in_one_sentence(tmp_path, log, problem):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text(log)
+    with pytest.raises(SystemExit) as error:
+        sweep.main(["curves", str(run), "--out", str(tmp_path / "figures")])
+    assert str(error.value).startswith(f"sweep curves: {run / 'log.jsonl'} {problem}")
+    assert not (tmp_path / "figures").exists()
+
+
+def test_table_prints_and_writes_files_only_where_out_says(tmp_path, capsys):
+    csv_copy = tmp_path / "runs.csv"
+    csv_copy.write_bytes(REFERENCE.read_bytes())
+    assert sweep.main(["table", str(csv_copy)]) == 0
+    printed = capsys.readouterr().out
+    assert "(i) Optimal loss" in printed
+    assert printed.endswith("sweep: pass --out DIR to write table.md and table.csv\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv"]
+
+
+def test_a_dry_run_says_when_its_data_does_not_exist_yet(tmp_path, capsys):
+    dry_run(tmp_path / "runs", "--data", str(tmp_path / "text.txt"), str(tmp_path / "no"))
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"sweep: note: --data {tmp_path / 'text.txt'} {tmp_path / 'no'} does not exist yet; the "
+        f"runs fail until it does (make it with prepare.py)")
+    (tmp_path / "shards").mkdir()
+    dry_run(tmp_path / "runs", "--data", str(tmp_path / "shards"))
+    assert "note" not in capsys.readouterr().out
 
 
 # ---- finished runs count only with the settings asked ----------------------------------------
@@ -689,7 +793,8 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
         sweep.main(command[2:] + ["--steps", "12", "--dry_run"])  # train.py's own config.json
 
     results_csv = str(out / "results.csv")
-    for argv in (["collect", str(out)], ["table", results_csv], ["plot", results_csv]):
+    for argv in (["collect", str(out)], ["table", results_csv, "--out", str(out)],
+                 ["plot", results_csv]):
         assert sweep.main(argv) == 0
     with open(out / "results.csv", newline="") as f:
         results = list(csv.DictReader(f))

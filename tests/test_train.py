@@ -580,6 +580,57 @@ def test_logit_statistics_match_a_float64_reference():
     assert 0 < stats["prec_err_round"] < 1e-5
 
 
+def test_log_step_statistics_cover_an_even_spread_of_few_tokens(monkeypatch):
+    args = train.parse_args(["--size", "tiny", "--vocab_size", "96", "--seq_len", "16",
+                             "--device", "cpu"])
+    model = train.build_model(args)
+    x, y = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
+    monkeypatch.setattr(train, "LOG_STAT_TOKENS", 8)     # 48 tokens: every 6th counts
+    result = train.StepResult(torch.tensor(1.0), torch.tensor(1.0), x, y)
+    stats = train.step_metrics(model, result, args, train.autocast(torch.device("cpu"),
+                                                                   "float32"))
+    with torch.no_grad():
+        l = model(x).double().flatten(0, 1)[::6]          # positions 0, 6, 12 of each row
+    assert stats["logit_mean"] == pytest.approx(l.mean(1).mean().item(), abs=1e-6)
+    assert stats["logit_absmax"] == pytest.approx(l.abs().amax(1).mean().item(), rel=1e-6)
+
+
+def test_eta_counts_the_log_steps_evaluations_and_final_statistics_still_to_come():
+    args = train.parse_args(["--steps", "100", "--log_every", "10", "--eval_every", "50",
+                             "--stat_tokens", str(2 * train.LOG_STAT_TOKENS), "--device", "cpu"])
+    # 90 steps of 1 s, 9 log steps of 0.5 s, evaluations at 50 and 100 of 3 s, final stats 1 s
+    assert train.eta_seconds(10, args, per_step=1.0, log_s=0.5, eval_s=3.0) == 90 + 4.5 + 6 + 1
+    assert train.eta_seconds(100, args, per_step=1.0, log_s=0.5, eval_s=3.0) == 1
+    args.eval_every, args.steps = 0, 95                  # evaluated at the end only; 95 logged
+    assert train.eta_seconds(10, args, per_step=1.0, log_s=0.5, eval_s=3.0) == 85 + 4.5 + 3 + 1
+
+
+def test_cpu_threads_are_the_idle_cores_shared_by_the_processes_of_a_node(monkeypatch):
+    cpu = train.Dist(0, 0, 1, torch.device("cpu"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 0.0, 0.0))
+    assert train.choose_cpu_threads(cpu) == 5            # 8 cores, 2.6 busy
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert train.choose_cpu_threads(cpu) == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    assert train.choose_cpu_threads(cpu) == 1            # overloaded: still one
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    torch.set_num_threads(3)
+    assert train.choose_cpu_threads(cpu) == 3            # the user's choice stands
+
+
+def test_a_folder_holding_a_run_is_refused_before_the_data_is_looked_at(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "log.jsonl").write_text("")
+    done = subprocess.run([sys.executable, "train.py", *tiny(tmp_path / "no_such_data", out)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith("already holds a run (log.jsonl); pass --resume to "
+                                        "continue it, or choose another --out_dir")
+
+
 def test_alignment_of_the_mean_hidden_state_with_mu_is_the_mean_logit_over_mu_norm():
     args = train.parse_args(["--size", "tiny", "--vocab_size", "96", "--seq_len", "16",
                              "--device", "cpu"])

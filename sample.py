@@ -1,0 +1,126 @@
+"""Continuations of a prompt from a trained run: what the model you just trained writes.
+
+    python sample.py --run out --prompt "Satan, now first inflamed with rage" --num_samples 3
+
+The next token is drawn from softmax(l / T) over the logits l the run's head computes (soft-
+capped for soft_cap, c·tanh(l/c); μ-centering's rows are centred already), restricted to the k
+largest with --top_k; --temperature 0 takes the largest. Every text starts after <|endoftext|>,
+as every training document does. Padded vocabulary rows (GPT-2 has 50257 tokens, V = 50304) are
+never drawn. The model runs in float32, whatever autocast it was trained under. A run on a
+synthetic vocabulary (V < 50257) takes and prints token ids instead.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from analyze import load_checkpoint
+from data import EOT
+from store import non_negative_float, non_negative_int, positive_int
+
+GPT2_VOCAB = 50257  # tokens of tiktoken's GPT-2 encoding; ids at or above it are padding
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--run", default="out", help="run folder of train.py (its ckpt.pt is read)")
+    a("--ckpt", default=None, help="a checkpoint file instead (e.g. RUN/ckpt_step0000100.pt)")
+    a("--prompt", default="", help="text to continue (token ids, space-separated, for a "
+      "synthetic vocabulary)")
+    a("--num_samples", type=positive_int, default=3, help="continuations to print")
+    a("--max_new_tokens", type=positive_int, default=60, help="tokens per continuation")
+    a("--temperature", type=non_negative_float, default=0.8, help="T; 0 = always the likeliest")
+    a("--top_k", type=non_negative_int, default=50, help="draw among the k likeliest; 0 = all")
+    a("--seed", type=non_negative_int, default=0, help="seed of the draws")
+    a("--device", default="cpu", help="cpu, cuda, cuda:1, …")
+    return p
+
+
+def next_token_probs(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """P(next token) (B, V) from the head's last-position logits (B, V): softmax(l / T) over
+    the top_k largest (all where top_k is 0 or ≥ V); T = 0 puts all mass on the largest."""
+    logits = logits.float()
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).float()
+    if 0 < top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+@torch.no_grad()
+def generate(gpt, prompt: list[int], args, drawable: int) -> torch.Tensor:
+    """(num_samples, max_new_tokens) token ids continuing `prompt`; only ids < drawable are
+    drawn. The context is the last block_size tokens (no cache: these models are small)."""
+    generator = torch.Generator(args.device).manual_seed(args.seed)
+    idx = torch.tensor([prompt] * args.num_samples, device=args.device)
+    for _ in range(args.max_new_tokens):
+        logits = gpt(idx[:, -gpt.config.block_size:])[:, -1, :drawable]
+        probs = next_token_probs(logits, args.temperature, args.top_k)
+        idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+    return idx[:, len(prompt):]
+
+
+def text_codec(vocab_size: int):
+    """(encode, decode, drawable ids) for the run's vocabulary: GPT-2's, else token ids."""
+    if vocab_size >= GPT2_VOCAB:
+        import prepare  # tiktoken, with the offline fall-back to the shipped vocabulary
+        enc = prepare.gpt2_encoding()
+        return (lambda text: [EOT] + enc.encode_ordinary(text)), enc.decode, GPT2_VOCAB
+
+    def encode(text):
+        try:
+            ids = [int(word) for word in text.split()]
+        except ValueError:
+            raise ValueError(f"this run's vocabulary has {vocab_size} token ids, not GPT-2's "
+                             f"text; give --prompt as ids, e.g. --prompt '3 1 4'") from None
+        if not ids or not all(0 <= i < vocab_size for i in ids):
+            raise ValueError(f"--prompt must be one or more token ids from 0 to "
+                             f"{vocab_size - 1} for this run, got {text!r}")
+        return ids
+    return encode, lambda ids: "".join(f" {i}" for i in ids), vocab_size
+
+
+def load_model(args):
+    """(model in eval mode, its run's config, its step) from --ckpt or --run's ckpt.pt, on
+    --device; FileNotFoundError or ValueError in one sentence."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device {args.device!r} is not a torch device; use cpu, cuda or "
+                         f"cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device} asks for CUDA but no GPU is visible; use "
+                         f"--device cpu")
+    path = Path(args.ckpt or Path(args.run) / "ckpt.pt")
+    if not args.ckpt and not path.is_file():
+        raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
+                                f"train.py run (its --out_dir), or --ckpt FILE")
+    args.device = str(device)
+    return load_checkpoint(path, args.device)
+
+
+def main(argv=None) -> list[str]:
+    """Print --num_samples continuations of --prompt; returns them. Bad input: one sentence."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        gpt, config, step = load_model(args)
+        encode, decode, drawable = text_codec(gpt.config.vocab_size)
+        prompt = encode(args.prompt)
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        sys.exit(f"sample.py: error: {err}")
+    print(f"{config['size']} {config['head']}, step {step} of {config.get('steps')}; T = "
+          f"{args.temperature:g}, top-k {args.top_k or 'all'}, seed {args.seed}")
+    samples = [args.prompt + decode(row.tolist())
+               for row in generate(gpt, prompt, args, drawable)]
+    for number, text in enumerate(samples, 1):
+        print(f"--- sample {number}\n{text}")
+    return samples
+
+
+if __name__ == "__main__":
+    main()
