@@ -94,6 +94,8 @@ def parse_args(argv=None):
     a("--compile", action=argparse.BooleanOptionalAction, default=None,
       help="torch.compile, as train.py (default: on CUDA only)")
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
+    a("--float32_head", action="store_true",
+      help="also time the baseline with a float32 LM head (train.py --head_dtype float32)")
     a("--loss_tokens", type=train.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
     a("--no_train", action="store_true",
@@ -220,13 +222,14 @@ def round_robin(variants, run_once, steps):
 # ---------------------------------------------------------------------------------------------
 # The training step of train.py, per size, head and loss path
 
-def train_args(args, size, head, impl):
+def train_args(args, size, head, impl, head_dtype="auto"):
     """train.py's own settings for one variant: one micro-batch per step, no gradient accumulation."""
     argv = ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
             "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
             "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
             "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
-            *["--tf32"] * args.tf32, *LOSS_CHUNK_ARGS[impl](args)]
+            *["--tf32"] * args.tf32, *LOSS_CHUNK_ARGS[impl](args),
+            *["--head_dtype", head_dtype] * (head_dtype != "auto")]
     return train.parse_args(argv)
 
 
@@ -235,10 +238,11 @@ LOSS_CHUNK_ARGS = {"plain": lambda args: ["--loss_chunk", "0"], "default": lambd
 
 
 class Variant:
-    """One (head, loss path) of a size: model, optimizer and step exactly as train.py builds them."""
+    """One (head, loss path, head dtype) of a size: model, optimizer and step exactly as train.py
+    builds them."""
 
-    def __init__(self, args, size, head, impl, batch):
-        self.targs = train_args(args, size, head, impl)
+    def __init__(self, args, size, head, impl, head_dtype, batch):
+        self.targs = train_args(args, size, head, impl, head_dtype)
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
@@ -266,7 +270,9 @@ def bench_size(args, size, publish):
     device = torch.device(args.device)
     batch = synthetic_batch(args, device)
     variants, warmup_s, alone, peaks = {}, {}, {}, {}
-    for key in [(h, i) for h in args.heads for i in args.impls]:
+    keys = [(h, i, "auto") for h in args.heads for i in args.impls]
+    keys += [("baseline", i, "float32") for i in args.impls if args.float32_head]
+    for key in keys:
         variant = variants[key] = Variant(args, size, *key, batch)
         warmup_s[key] = sum(timed(device, variant.run_step) for _ in range(args.warmup))
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
@@ -286,14 +292,15 @@ def train_rows(args, size, variants, samples, peaks, warmup_s, timing):
     peak = train.peak_flops(torch.device(args.device), args.dtype)
     tokens = args.micro_batch * args.seq_len
     rows = []
-    for (head, impl), timings in samples.items():
-        seconds, model = statistics.median(timings), variants[head, impl].raw
+    for key, timings in samples.items():
+        (head, impl, head_dtype), seconds = key, statistics.median(timings)
+        model = variants[key].raw
         flops_per_token = model.flops_per_token(args.seq_len)
-        rows.append({"size": size, "head": head, "loss_impl": impl,
+        rows.append({"size": size, "head": head, "loss_impl": impl, "head_dtype": head_dtype,
                      "params": model.num_params(), "flops_per_token": flops_per_token,
                      "step_s": seconds, "tokens_per_s": tokens / seconds,
                      "mfu": flops_per_token * tokens / seconds / peak if peak else None,
-                     "peak_mem_bytes": peaks[head, impl], "warmup_s": warmup_s[head, impl],
+                     "peak_mem_bytes": peaks[key], "warmup_s": warmup_s[key],
                      "timing": timing})
     add_relative(rows, "step_s")
     return rows
@@ -301,14 +308,16 @@ def train_rows(args, size, variants, samples, peaks, warmup_s, timing):
 
 def add_relative(rows, key):
     """Compare rows measured in the same process (same size):
-        overhead      = key / key of the baseline with the same loss path − 1
+        overhead      = key / key of the baseline with the same loss path (and the head in
+                        autocast's dtype) − 1
         vs_plain      = key / key of the plain path with the same head − 1     (chunked rows)
         mem_reduction = peak memory of the plain path / this row's             (chunked rows)"""
     def find(row, **changes):
-        want = {k: row[k] for k in ("size", "head", "loss_impl")} | changes
-        return next((r for r in rows if all(r[k] == v for k, v in want.items())), None)
+        want = {k: row.get(k) for k in ("size", "head", "loss_impl", "head_dtype")} | changes
+        return next((r for r in rows if all(r.get(k) == v for k, v in want.items())), None)
     for row in rows:
-        row["overhead"] = row[key] / find(row, head="baseline")[key] - 1
+        same_dtype = {"head_dtype": "auto"} if "head_dtype" in row else {}
+        row["overhead"] = row[key] / find(row, head="baseline", **same_dtype)[key] - 1
         plain = find(row, loss_impl="plain") if row["loss_impl"] != "plain" else None
         row["vs_plain"] = row[key] / plain[key] - 1 if plain else None
         row["mem_reduction"] = (plain["peak_mem_bytes"] / row["peak_mem_bytes"]
@@ -486,19 +495,26 @@ def print_train_tables(result):
     print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
           f"{result['device_name']}, {args['dtype']}, {'compiled' if args['compile'] else 'eager'}, "
           f"micro-batch {args['micro_batch']} × seq {args['seq_len']}, median of {args['steps']} steps")
+    columns = args["heads"] + [label({"head": "baseline", "head_dtype": "float32"})] * \
+        args["float32_head"]
     for impl in args["impls"]:
         print(f"loss path: {impl}")
-        print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in args["heads"]))
+        print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
         for size in args["sizes"]:
-            cells = {r["head"]: r for r in train_rows if r["size"] == size and r["loss_impl"] == impl}
-            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}" for h in args["heads"]))
+            cells = {label(r): r for r in train_rows if r["size"] == size and r["loss_impl"] == impl}
+            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}" for h in columns))
     print(f"\n{'size':>6} {'head':>10} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} "
           f"{'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
     for r in train_rows:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        print(f"{r['size']:>6} {r['head']:>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
+        print(f"{r['size']:>6} {label(r):>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
               f"{r['tokens_per_s']:>10,.0f} {mfu:>6} {fmt_bytes(r['peak_mem_bytes']):>10} "
               f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
+
+
+def label(row):
+    """The head's name, and its dtype where it is not autocast's: `baseline+f32`."""
+    return row["head"] + ("+f32" if row.get("head_dtype") == "float32" else "")
 
 
 def print_loss_table(result):

@@ -29,7 +29,7 @@ import heads
 # Tokens per chunk of the default path, per device type; 0 = the plain path. CPU: measured with
 # `bench.py --no_train --loss_tokens 1024` (1 thread, V = 50304): 32 to 256 tokens are within
 # noise of each other and ~1.8× faster than the plain path. CUDA: not measured yet; the plain
-# path, whose softmax torch.compile fuses, stays the default there until scripts/gpu_bench.sh
+# path, whose softmax torch.compile fuses, stays the default there until scripts/gpu_check.sh
 # shows a chunked path is faster.
 DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
