@@ -7,15 +7,16 @@
 For every size, head and loss path (plain: heads.py's reference; default: what train.py runs on
 this device; chunked: fused_loss.chunked_loss with --chunk_size, our own loop for every head)
 this builds the model, optimizer, autocast and torch.compile setting exactly as train.py does and
-times train.train_step on synthetic tokens: warm-up steps first (the first one compiles: its time
-is compile_s), then --steps timed steps with a device sync before and after each, first alone
-(a provisional row), then, once every variant is ready, all variants of the size taking turns,
-one step each, in an order that rotates every round, so clock and thermal drift fall on all of
-them alike (the final rows). A default path that is the plain or the chunked one on this device
-is timed once, under that name. Reported per variant: the median step time, tokens/s, MFU (FLOPs counted
-by model.flops_per_token, attention and the LM head included, against the device's dense bf16
-peak from train.py; none on CPU), the peak memory of a step, and the overhead of the head
-relative to the baseline with the same loss path (Table 2 iii of the paper).
+times train.train_step on synthetic tokens: warm-up steps first (the first compiles; warmup_s is
+their time), then --steps timed steps with a device sync before and after each, first alone (a
+provisional row), then, once every variant is ready, all variants of the size taking turns, one
+step each, in an order that rotates every round, so clock and thermal drift fall on all of them
+alike (the final rows). A default path that is the plain or the chunked one on this device is
+timed once, under that name. Reported per variant: the median step time, tokens/s, MFU (FLOPs
+counted by model.flops_per_token, attention and the LM head included, against the device's
+dense bf16 peak from train.py; none on CPU), the peak memory of a step, the warm-up time, and
+the overhead of the head relative to the baseline with the same loss path (Table 2 iii of the
+paper).
 
 Peak memory of a step is the most it holds at once above what was held before it (weights and
 optimizer state of every model in the process): activations, logits and gradients, measured in
@@ -113,7 +114,8 @@ def parse_args(argv=None):
     if args.tf32 and device_type != "cuda":
         p.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
     if args.json is not None and args.json.is_dir():
-        p.error(f"--json {args.json} is a folder; give a file in it, e.g. {args.json / 'bench.json'}")
+        p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
+                f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
     args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size,
                                 device_type)
@@ -133,10 +135,10 @@ def distinct_paths(impls, chunk_size, device_type):
     return impls
 
 
-def device_memory(device_type):
-    """Bytes of memory of the device (CUDA) or of the machine (CPU, Linux / Unix)."""
-    if device_type == "cuda":
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+def device_memory(device):
+    """Bytes of memory of the GPU, or of the machine for a CPU (Linux / Unix)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -145,7 +147,7 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     by a lower bound: the training step keeps its token ids (2 × 8 bytes a token) and at least
     one float32 activation of width D per layer for backward; the head alone holds h and its
     gradient (2 × 4D bytes a token), the targets and the float64 reference's logits (8V)."""
-    have, cfg = device_memory(device_type), SIZES[size]
+    have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     train_tokens = args.micro_batch * args.seq_len
     needs = [] if args.no_train else [(
         train_tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
@@ -501,8 +503,10 @@ def print_train_tables(result):
         print(f"loss path: {impl}")
         print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
         for size in args["sizes"]:
-            cells = {label(r): r for r in train_rows if r["size"] == size and r["loss_impl"] == impl}
-            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}" for h in columns))
+            cells = {label(r): r for r in train_rows
+                     if r["size"] == size and r["loss_impl"] == impl}
+            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}"
+                                           for h in columns))
     print(f"\n{'size':>6} {'head':>10} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} "
           f"{'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
     for r in train_rows:

@@ -234,6 +234,7 @@ PY
 
 finish() {  # also when the whole script is stopped: phase d's logs merged, the table printed
     trap - EXIT
+    kill $(jobs -p) 2> /dev/null  # phase d's runs, when the script itself is stopped
     merge_long_pairs
     if (($(stat -c %s "$LOG") > 8000000)); then  # what comes back from a GPU: < 16 MiB a file
         tail -c 8000000 "$LOG" > "$LOG.tail" && mv "$LOG.tail" "$LOG"
