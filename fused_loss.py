@@ -54,12 +54,14 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
     than the plain path (CPU inductor, N = 2048, bf16: 773 MiB against 244 MiB).
 
     Soft-capping and z-loss live inside the chunk loop; μ-loss adds λ·μ·μ afterwards, touching
-    the V × D matrix once; μ-centering changes nothing in the loss. torch_op: None uses torch's
+    the V × D matrix once; μ-centering changes nothing in the loss. The matmul runs in
+    head.matmul_dtype where the head has one (a float32 head under bf16), else as autocast
+    says, as on the plain path. torch_op: None uses torch's
     op where it can (TORCH_OP); False forces this file's own loop (bench.py compares the two)."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
     h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
-    matmul_dtype = _matmul_dtype(h, weight)
+    matmul_dtype = head.matmul_dtype or _matmul_dtype(h, weight)
     # Decided here: inside Function.forward grad mode is off and ctx.needs_input_grad is True
     # even under torch.no_grad(), so the Function would do a backward's work during evaluation.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)

@@ -24,8 +24,10 @@ Variants (`HEADS`; each class carries its hyperparameters and their defaults):
     mu_center  loss = CE; after each optimizer step eᵢ ← eᵢ − μ
 
 Numerics: the matmul may run in bf16 (autocast, or bf16 inputs); softmax, log Z, CE and the
-regularisers run in float32 (float64 stays float64). CE is the mean over tokens whose target is
-not -1 (IGNORE), 0 over no tokens (no NaN); ids are not checked here (that needs a device sync).
+regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=torch.float32)`
+runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
+head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
+tokens (no NaN); ids are not checked here (that needs a device sync).
 `head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path.
 """
 import math
@@ -67,9 +69,10 @@ class Head(nn.Module):
     uses_log_z = False  # whether regulariser() needs log Z per token
     loss_path = None    # None: forward's plain path; else f(head, h, weight, targets), same result
 
-    def __init__(self, cap=None, lam=None):
+    def __init__(self, cap=None, lam=None, matmul_dtype=None):
         super().__init__()
         self.cap, self.lam = cap, lam
+        self.matmul_dtype = matmul_dtype  # None: autocast's (or the inputs') dtype
 
     def extra_repr(self):
         return ", ".join(f"{k}={getattr(self, k)}" for k in self.hparams)
@@ -83,7 +86,11 @@ class Head(nn.Module):
 
     def logits(self, h, weight):
         """Logits over the whole vocabulary, (..., V), upcast to at least float32."""
-        logits = F.linear(h, weight)
+        if self.matmul_dtype is None:
+            logits = F.linear(h, weight)
+        else:  # autocast off: the product and its backward run in matmul_dtype
+            with torch.autocast(h.device.type, enabled=False):
+                logits = F.linear(h.to(self.matmul_dtype), weight.to(self.matmul_dtype))
         return self.cap_logits(logits.to(compute_dtype(logits.dtype)))
 
     def forward(self, h, weight, targets):
@@ -186,10 +193,11 @@ HEADS = tuple(_REGISTRY)
 DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()}  # cap, lam
 
 
-def build(name, **hparams):
+def build(name, matmul_dtype=None, **hparams):
     """The head called `name` (one of HEADS) with hyperparameters `cap` (soft_cap) or `lam`
     (z_loss, mu_loss); a value of None means the default. A hyperparameter the head does not
-    use is accepted only as None (so a CLI can pass lam=None, cap=None)."""
+    use is accepted only as None (so a CLI can pass lam=None, cap=None). matmul_dtype: None
+    (the matmul runs as autocast says) or a dtype it always runs in, e.g. torch.float32."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown head {name!r}; choose one of {', '.join(HEADS)}.")
     cls = _REGISTRY[name]
@@ -202,7 +210,7 @@ def build(name, **hparams):
             raise ValueError(f"head {name!r} does not use {key}={value!r}; {key} applies to "
                              f"{users} only (leave it unset or None for {name}).")
     return cls(**{key: default if hparams.get(key) is None else _checked(name, key, hparams[key])
-                  for key, default in cls.hparams.items()})
+                  for key, default in cls.hparams.items()}, matmul_dtype=matmul_dtype)
 
 
 def _checked(name, key, value):
@@ -245,12 +253,16 @@ def precision_stat_sums(head, h, weight, targets, dtype):
     followed by the token count. With l⁰ = W·h exact (float64 products of the float32 inputs),
     lᶜ = ⌊W⌋·⌊h⌋ (inputs rounded to `dtype`, exact products), lʳ = ⌊⌊W⌋·⌊h⌋⌋ (the matmul the
     head runs, its result rounded too) and σ = std over i of l⁰ᵢ:
-        prec_err_cast  = rms_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: a row eᵢ = μ + (eᵢ − μ) is stored
-                         at a spacing set by its largest coordinates, so a large μ drowns eᵢ − μ
-        prec_err_round = rms_i(lʳᵢ − lᶜᵢ)/σ   result rounding: bf16 keeps 8 significant bits, so
-                         a large common offset l̄ = μ·h (Lemma 1) is stored coarsely
+        prec_err_cast  = std_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: bf16 keeps 8 significant bits of
+                         each coordinate, so a row eᵢ = μ + (eᵢ − μ) with a large μ keeps few
+                         bits of its own part eᵢ − μ, and h rounds likewise
+        prec_err_round = std_i(lʳᵢ − lᶜᵢ)/σ   result rounding: each logit keeps 8 bits at its own
+                         magnitude, so a large common offset l̄ = μ·h (Lemma 1) rounds coarsely
         prec_ce_gap    = CE(lʳ) − CE(l⁰)      what the loss pays for both (through the cap)
-    ~1e-7 in float32, ~1e-3 in bf16 for a well-centred head; μ = 0 removes the shift's part."""
+    std over i, not rms: the part of an error common to all V logits of a token shifts them
+    together, which softmax and the loss cannot see (heads' Prop. 3 (iii)); what is left is
+    what they can. Measured: ~5e-7 in float32, ~2e-3 to 1e-2 in bf16 for a trained head with
+    l̄ of a few units; μ = 0 removes the common offset's part of the rounding."""
     f64 = torch.float64
     exact = h.float().to(f64) @ weight.float().to(f64).t()
     h_low, w_low = h.float().to(dtype), weight.float().to(dtype)
@@ -263,11 +275,11 @@ def precision_stat_sums(head, h, weight, targets, dtype):
         logits = head.cap_logits(logits)
         return torch.logsumexp(logits, dim=-1) - logits.gather(-1, target_col).squeeze(-1)
 
-    def rms(diff):
-        return diff.square().mean(dim=-1).sqrt() / sigma
+    def visible(error):  # the error's spread over the V logits of each token, over σ
+        return error.std(dim=-1, correction=0) / sigma
 
-    per_token = torch.stack((token_ce(rounded) - token_ce(exact), rms(cast - exact),
-                             rms(rounded - cast)))
+    per_token = torch.stack((token_ce(rounded) - token_ce(exact), visible(cast - exact),
+                             visible(rounded - cast)))
     sums = torch.where(keep, per_token, 0.0).sum(dim=1)
     return torch.cat((sums, keep.sum().to(f64).unsqueeze(0)))
 

@@ -265,7 +265,8 @@ class GPT(nn.Module):
 
 def from_config(config: dict) -> GPT:
     """The untrained GPT that a run's settings describe (a dict with train.py's option names:
-    size, and optionally vocab_size, tie, seq_len, head, lam, cap; other keys are ignored).
+    size, and optionally vocab_size, tie, seq_len, head, lam, cap, head_dtype; other keys are
+    ignored). head_dtype "float32" gives the head a float32 matmul under any autocast.
 
     block_size is max(2048, seq_len): RoPE tables are cheap and kept out of the state_dict, so
     the model also takes sequences longer than the run's own. The weights come from torch's
@@ -279,8 +280,9 @@ def from_config(config: dict) -> GPT:
         raise ValueError(f"seq_len must be an integer, got {seq_len!r}.")
     gpt_config = config_for(config["size"], vocab_size=config.get("vocab_size", 50304),
                             tie=bool(config.get("tie", False)), block_size=max(2048, seq_len))
+    matmul_dtype = torch.float32 if config.get("head_dtype") == "float32" else None
     head = heads.build(config.get("head", "baseline"), lam=config.get("lam"),
-                       cap=config.get("cap"))
+                       cap=config.get("cap"), matmul_dtype=matmul_dtype)
     return GPT(gpt_config, head)
 
 

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
+    a("--head_dtype", default="auto", choices=("auto", "float32"),
+      help="dtype of the LM head's matmul and its backward (auto: --dtype's; float32: a "
+           "float32 head under a bf16 body)")
     a("--compile", action=argparse.BooleanOptionalAction, default=None, help="None: on CUDA")
     a("--tf32", action="store_true", help="TensorFloat-32 (10-bit mantissa) for the matmuls "
       "left in float32, on CUDA; without it float32 is float32")
@@ -334,31 +337,45 @@ def mu_norm(model: GPT) -> torch.Tensor:
 
 
 HEAD_STATS = heads.LOGIT_STATS + heads.PRECISION_STATS  # logged and summarised per token
+ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
 
 
 @torch.no_grad()
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp) -> torch.Tensor:
     """Σ over the tokens of x of the per-token statistics of HEAD_STATS (heads.logit_stat_sums:
     mean, std, max |l|, log²Z of the logits as the run computes them; heads.precision_stat_sums:
-    what the matmul's dtype costs them), and the token count: float64 (8,). Divided by the
-    count they give the means over tokens. STAT_CHUNK tokens at a time."""
+    what the matmul's dtype costs them), the token count, then Σ h (D values): float64
+    (8 + D,). Divided by the count they give the means over tokens. STAT_CHUNK tokens at a time."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
-    matmul_dtype = torch.float32 if args.dtype == "float32" else getattr(torch, args.dtype)
-    sums = torch.zeros(len(HEAD_STATS) + 1, dtype=torch.float64, device=h.device)
+    matmul_dtype = model.head.matmul_dtype or (torch.float32 if args.dtype == "float32"
+                                               else getattr(torch, args.dtype))
+    n = len(HEAD_STATS)
+    sums = torch.zeros(n + 1 + h.shape[-1], dtype=torch.float64, device=h.device)
     for chunk, targets in zip(h.split(STAT_CHUNK), y.flatten().split(STAT_CHUNK)):
         with amp:
             logits = model.head.logits(chunk, model.output_weight)
         sums[:4] += heads.logit_stat_sums(logits)
-        sums[4:] += heads.precision_stat_sums(model.head, chunk, model.output_weight, targets,
-                                              matmul_dtype)
+        sums[4:n + 1] += heads.precision_stat_sums(model.head, chunk, model.output_weight,
+                                                   targets, matmul_dtype)
+    sums[n + 1:] = h.double().sum(dim=0)
     return sums
 
 
-def head_stats(sums: torch.Tensor) -> dict:
-    """The means over all tokens of all processes, from head_stat_sums (all-reduced here)."""
-    sums = all_reduce_sum(sums)
-    return dict(zip(HEAD_STATS, (sums[:-1] / sums[-1]).tolist()))
+def head_stats(sums: torch.Tensor, model: GPT) -> dict:
+    """The means over all tokens of all processes, from head_stat_sums (all-reduced here), and
+    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (what turns a large ‖μ‖ into a
+    large mean logit: l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂), Lemma 1 averaged over tokens):
+        h_mu_proj = h̄·μ̂ = l̄/‖μ‖,   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1]   (0 where μ = 0).
+    The published 16M baseline at η = 0.3 ends with l̄/‖μ‖ = 1152/331 ≈ 3.5."""
+    sums, n = all_reduce_sum(sums), len(HEAD_STATS)
+    count, h_mean = sums[n], sums[n + 1:] / sums[n]
+    mu = heads.mean_embedding(model.output_weight.detach()).double()
+    mu_hat = mu / mu.norm().clamp(min=torch.finfo(torch.float64).tiny)
+    proj = h_mean @ mu_hat
+    cos = proj / h_mean.norm().clamp(min=torch.finfo(torch.float64).tiny)
+    return dict(zip(HEAD_STATS + ALIGN_STATS, (*(sums[:n] / count).tolist(), proj.item(),
+                                               cos.item())))
 
 
 @torch.no_grad()
@@ -379,11 +396,13 @@ def evaluate(model, args, ctx: Dist, amp) -> float:
 
 @torch.no_grad()
 def final_head_stats(model: GPT, args, ctx: Dist, amp) -> dict:
-    """HEAD_STATS over the first --stat_tokens validation tokens (paper: 5·10⁵ logit vectors)."""
-    sums = torch.zeros(len(HEAD_STATS) + 1, dtype=torch.float64, device=ctx.device)
+    """HEAD_STATS and ALIGN_STATS over the first --stat_tokens validation tokens (paper: 5·10⁵
+    logit vectors)."""
+    sums = torch.zeros(len(HEAD_STATS) + 1 + model.config.n_embd, dtype=torch.float64,
+                       device=ctx.device)
     for x, y in val_batches(args.stat_tokens, args, ctx):
         sums += head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
-    return head_stats(sums)
+    return head_stats(sums, model)
 
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
@@ -391,7 +410,7 @@ def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
     (summed over processes). Reads device values, so log steps only."""
     sums = head_stat_sums(model, result.last_x, result.last_y, args, amp)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
-            "mu_norm": mu_norm(model).item(), **head_stats(sums)}
+            "mu_norm": mu_norm(model).item(), **head_stats(sums, model)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,7 +534,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         summary |= {"tokens": run.step * tokens_per_step, "val_loss": val_loss,
                     "diverged": not math.isfinite(val_loss)}
     else:
-        stats = dict.fromkeys(HEAD_STATS)
+        stats = dict.fromkeys(HEAD_STATS + ALIGN_STATS)
         summary |= {"tokens": diverged_at * tokens_per_step, "val_loss": None, "diverged": True}
     summary |= {"init_loss": run.init_loss, **stats, "mu_norm": mu_norm(model).item(),
                 "train_time_s": run.train_time_s}
