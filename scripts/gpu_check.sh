@@ -39,6 +39,7 @@
 # further 16M head (Triton kernels shared through the inductor cache), plus ~10 s per process
 # start. Caps: a 150 s, b 120 s, c 45 s, then d gets what is left (≥ 150 s) less RESERVE_S for
 # the table. If compiling is slower, caps cut the phases and their files say how far they got.
+# BUDGET_S, CAP_A, CAP_B, CAP_C, D_STEPS, OUT, DATA, SCRATCH and PYTHON may be set from outside.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -64,11 +65,13 @@ OUT=${OUT:-out/gpu_check}
 SCRATCH=${SCRATCH:-$(mktemp -d)}  # phase d's run folders (checkpoints: never under $OUT)
 RUNS=("baseline auto" "mu_center auto" "baseline float32")  # phase d: head, --head_dtype
 if [ "$DEVICE" = cpu ]; then  # the rehearsal: the same phases and files; tiny, short, eager
-    BUDGET_S=${BUDGET_S:-110} RESERVE_S=5 MIN_PHASE_S=5 CAP_A=20 CAP_B=25 CAP_C=20
+    BUDGET_S=${BUDGET_S:-110} RESERVE_S=5 MIN_PHASE_S=5 CAP_A=${CAP_A:-20} CAP_B=${CAP_B:-25}
+    CAP_C=${CAP_C:-20}
     SIZES=(tiny) SIZE_D=tiny SEQ=64 MICRO=2 LOSS_TOKENS=64 STEPS=2 D_STEPS=${D_STEPS:-4}
     COMPILE=--no-compile VOCAB=2048 C_HEADS=(baseline soft_cap) LR=(0.3)
 else
-    BUDGET_S=${BUDGET_S:-480} RESERVE_S=15 MIN_PHASE_S=30 CAP_A=150 CAP_B=120 CAP_C=45
+    BUDGET_S=${BUDGET_S:-480} RESERVE_S=15 MIN_PHASE_S=30 CAP_A=${CAP_A:-150}
+    CAP_B=${CAP_B:-120} CAP_C=${CAP_C:-45}
     SIZES=(16M 221M) SIZE_D=16M SEQ=2048 MICRO=16 LOSS_TOKENS=32768 STEPS=10 D_STEPS=${D_STEPS:-}
     COMPILE=--compile VOCAB=50304 C_HEADS=(baseline soft_cap z_loss mu_loss mu_center) LR=(0.1 0.3)
 fi
@@ -121,19 +124,22 @@ phase() {  # phase NAME CAP_S COMMAND ...: COMMAND under its cap (PHASE_CAP), ou
     fi
 }
 
-long_steps() {  # steps of each phase-d run that fit in CAP_S, at phase a's tok/s at SIZE_D
-    "$PYTHON" - "$OUT/a_step.json" "$SIZE_D" "$1" "${#LR[@]}" "${#RUNS[@]}" "$((MICRO * SEQ))" \
-        <<'PY'
+long_steps() {  # steps of each phase-d run that fit in CAP_S, at the step times of phases a, b
+    "$PYTHON" - "$OUT" "$SIZE_D" "$1" "${#LR[@]}" "${RUNS[@]}" <<'PY'
 import json, sys
-path, size, (cap_s, n_lr, n_heads, tokens_per_step) = *sys.argv[1:3], map(int, sys.argv[3:])
-try:
-    rows = [r for r in json.load(open(path))["train"] if r["size"] == size]
-    tok_per_s = rows[0]["tokens_per_s"]
-except (OSError, ValueError, KeyError, IndexError):
-    tok_per_s = 300_000 * n_lr * n_heads  # phase a measured nothing: a guess, 300 steps a minute
-# the runs share the GPU: together about as fast as one alone; ~60 s go to start and compile
-train_s = max(cap_s - 60, 30)
-print(max(20, int(train_s * tok_per_s / (n_lr * n_heads * tokens_per_step))))
+out, size, cap_s, n_lr, runs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:5]), sys.argv[5:]
+def rows(name):
+    try:
+        return [r for r in json.load(open(f"{out}/{name}"))["train"] if r["size"] == size]
+    except (OSError, ValueError, KeyError):
+        return []
+a = rows("a_step.json")
+alone = a[0]["step_s"] if a else 0.1  # phase a measured nothing: a guess
+step_s = {(r["head"], r["head_dtype"]): r["step_s"] for r in rows("b_heads.json")}
+# The runs take turns on the GPU, so a step of all of them lasts about the sum of their steps
+# alone (a float32 head's fp32 matmul is the slow one); ~60 s go to starting and compiling.
+all_runs_s = n_lr * sum(step_s.get(tuple(run.split()), alone) for run in runs)
+print(max(20, int(max(cap_s - 60, 30) / all_runs_s)))
 PY
 }
 
