@@ -34,7 +34,9 @@ import torch
 import data
 import heads
 import model
+import store
 import theorem4
+from store import positive_int
 
 DEFAULTS = dict(
     tokens=512,          # hidden states per measurement (N) of verify and logits
@@ -289,6 +291,7 @@ def token_batches(cfg: dict, args, n_tokens: int, vocab_size: int):
     data_dir = args.data or cfg.get("data")
     per_batch = args.batch_size * seq_len
     if data_dir:
+        store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
         try:
             return data.val_batches(data_dir, math.ceil(n_tokens / per_batch) * per_batch,
                                     args.batch_size, seq_len)
@@ -448,8 +451,10 @@ def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tens
 
 
 def run_logits(args) -> dict:
-    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, B_ratio, Fig. 1 (right), and
-    what the head's matmul in --dtype loses (heads.precision_stat_sums, as train.py logs it).
+    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, the mean hidden state's
+    alignment with μ (h_mu_proj = h̄·μ̂ = l̄/‖μ‖, h_mu_cos = cos(h̄, μ), as train.py logs them),
+    B_ratio, Fig. 1 (right), and what the head's matmul in --dtype loses
+    (heads.precision_stat_sums, as train.py logs it).
 
     The model runs in --dtype as train.py runs it; the paper's statistics are computed in
     float64 from its hidden states, the precision metrics compare the head's matmul in --dtype
@@ -465,13 +470,16 @@ def run_logits(args) -> dict:
         precision += heads.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
                                                targets[rows], dtype).cpu()
     bounds = theorem4_bounds(W)
+    h_mean, mu = H.double().mean(0), W.mean(0)
+    h_mu_proj = (h_mean @ mu / mu.norm()).item() if mu.norm() > 0 else 0.0  # l̄/‖μ‖ = h̄·μ̂
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
-                  dtype=args.dtype,
+                  dtype=args.dtype, h_mu_proj=h_mu_proj,
+                  h_mu_cos=h_mu_proj / h_mean.norm().item() if h_mean.norm() > 0 else 0.0,
                   **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
                   **dict(zip(heads.PRECISION_STATS, (precision[:-1] / precision[-1]).tolist())),
                   **bounds)
-    names = (*heads.LOGIT_STATS, "mu_norm", "mu_sq", "B_minus", "B_plus", "B_ratio",
-             *heads.PRECISION_STATS)
+    names = (*heads.LOGIT_STATS, "mu_norm", "h_mu_proj", "h_mu_cos", "mu_sq", "B_minus",
+             "B_plus", "B_ratio", *heads.PRECISION_STATS)
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
                 f"{len(H)} tokens; prec_*: the head's matmul in {args.dtype} against float64")
@@ -540,12 +548,12 @@ def print_table(rows, columns, title: str) -> None:
 
 
 def write_file(path: str, content: bytes) -> None:
-    """Write content to path as a unit (data.write_atomic: unique temporary file, fsync,
-    rename). A directory, a full disk or any other failure: one sentence (data.WriteError)."""
+    """Write content to path as a unit (store.write_atomic: unique temporary file, fsync,
+    rename). A directory, a full disk or any other failure: one sentence (store.WriteError)."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
-    data.write_atomic(data.make_folder(target.parent) / target.name, content)
+    store.write_atomic(store.make_folder(target.parent) / target.name, content)
 
 
 def write_json(path: str, result: dict) -> None:
@@ -597,13 +605,6 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 
 # ── CLI ───────────────────────────────────────────────────────────────────────────────────────
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers (output: --device --json --plot --seed; measurement: those and --data
@@ -681,7 +682,7 @@ def execute(args, commands: dict, program: str) -> dict:
         if args.json:
             write_json(args.json, result)
             print(f"wrote {args.json}")
-    except (FileNotFoundError, ValueError, data.WriteError) as err:
+    except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result
 

@@ -50,10 +50,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import data
 import fused_loss
 import heads
 import runs
+import store
 import train
 from model import SIZES
 
@@ -551,7 +551,7 @@ def allow_recompiles(config, limit=64):
 
 def save(path, result):
     if path is not None:
-        data.make_folder(path.parent)
+        store.make_folder(path.parent)
         train.write_json(path, result)
 
 
@@ -588,9 +588,9 @@ def main(argv=None):
                 bench_size(args, size, publish("train"))
             if args.loss_tokens:
                 bench_loss_path(args, size, publish("loss_path"))
-    except data.WriteError as err:  # data.py's sentence, and what to do where it has none
+    except store.WriteError as err:  # store.py's sentence, and what to do where it has none
         advice = ("" if ";" in str(err) else "; free space or write elsewhere"
-                  if isinstance(err, data.DiskFullError) else "; give --json a file you can write")
+                  if isinstance(err, store.DiskFullError) else "; give --json a file you can write")
         raise SystemExit(f"bench.py: error: --json: {err}{advice}") from None
     except RuntimeError as err:
         if not is_out_of_memory(err):

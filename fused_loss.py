@@ -118,10 +118,13 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         ∂L/∂H = G·W          (a_r = W·h_r is linear in h_r)
         ∂L/∂W = Σ_chunks Gᵀ·H (accumulated in float32 across chunks)
 
-    The cap goes through the sigmoid, tanh(x) = 2σ(2x) − 1, because torch's CPU sigmoid is ~5×
-    faster than its tanh (measured), and 1 − tanh²(x) = 4σ(2x)(1 − σ(2x)). In float32 this
-    tanh is off by up to ~2·10⁻⁷ (torch.tanh: ~5·10⁻⁸), so a capped logit by ~c·2·10⁻⁷; the
-    loss stays as close to float64 as the plain path's (bench.py --loss_tokens prints both).
+    The cap goes through the sigmoid, tanh(x) = 2σ(2x) − 1 and 1 − tanh²(x) = 4σ(2x)(1 − σ(2x)),
+    because torch's CPU tanh_ can be far slower: ~16× sigmoid_'s time on this project's machine
+    (1 thread, AVX512 kernels; results/sigmoid_vs_tanh.txt, by scripts/sigmoid_vs_tanh.py),
+    though a review on another CPU measured 0.4–0.9×: the speed is the CPU's, the loss is not.
+    In float32 this tanh is off by up to ~2·10⁻⁷ (torch.tanh: ~5·10⁻⁸), so a capped logit by
+    ~c·2·10⁻⁷; the loss stays as close to float64 as the plain path's (bench.py --loss_tokens
+    prints both).
     """
 
     @staticmethod

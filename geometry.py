@@ -25,6 +25,7 @@ import data
 import heads
 import model
 import prepare
+import store
 from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_models, save_figure
 
 DEFAULTS = dict(
@@ -134,6 +135,7 @@ def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
 
 def training_tokens(data_dir: str, n_tokens: int) -> np.ndarray:
     """The first n_tokens of the training shards (fewer if the shards hold fewer), as int64."""
+    store.check_dataset(data_dir)             # a half-written or mixed folder: one sentence
     parts, n = [], 0
     for path in data.shard_paths(data_dir, "train"):
         parts.append(np.asarray(data.read_shard(path)[: n_tokens - n], dtype=np.int64))

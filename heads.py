@@ -28,7 +28,10 @@ regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=t
 runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
 head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
 tokens (no NaN); ids are not checked here (that needs a device sync).
-`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path.
+`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path:
+train.py sets it by default on CPU (64 tokens a chunk, ~1.7× faster there), so `forward` below
+is the reference that runs on CUDA and with --loss_chunk 0, and the chunked path is tested
+against it (tests/test_fused_loss.py).
 """
 import math
 
@@ -194,35 +197,34 @@ DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()} 
 
 
 def build(name, matmul_dtype=None, **hparams):
-    """The head called `name` (one of HEADS) with hyperparameters `cap` (soft_cap) or `lam`
-    (z_loss, mu_loss); a value of None means the default. A hyperparameter the head does not
-    use is accepted only as None (so a CLI can pass lam=None, cap=None). matmul_dtype: None
-    (the matmul runs as autocast says) or a dtype it always runs in, e.g. torch.float32."""
-    if name not in _REGISTRY:
+    """The head called `name` (one of HEADS) with `cap` (soft_cap: finite, > 0) or `lam`
+    (z_loss, mu_loss: finite, ≥ 0); None means the default and is the only value allowed for a
+    hyperparameter the head does not use (so a CLI can pass lam=None, cap=None). matmul_dtype:
+    None (the matmul runs as autocast says) or a dtype it always runs in, e.g. torch.float32."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
         raise ValueError(f"unknown head {name!r}; choose one of {', '.join(HEADS)}.")
-    cls = _REGISTRY[name]
     for key, value in hparams.items():
-        if key not in DEFAULTS:
-            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are {', '.join(DEFAULTS)}"
-                             " (cap for soft_cap, lam for z_loss and mu_loss).")
+        users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
+        if not users:
+            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are cap, lam.")
         if value is not None and key not in cls.hparams:
-            users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
             raise ValueError(f"head {name!r} does not use {key}={value!r}; {key} applies to "
-                             f"{users} only (leave it unset or None for {name}).")
-    return cls(**{key: default if hparams.get(key) is None else _checked(name, key, hparams[key])
+                             f"{users} only.")
+    return cls(**{key: default if hparams.get(key) is None else _checked(key, hparams[key])
                   for key, default in cls.hparams.items()}, matmul_dtype=matmul_dtype)
 
 
-def _checked(name, key, value):
-    """The hyperparameter as a float, or ValueError saying what is wrong and what is valid."""
+def _checked(key, value):
+    """value as a float that is finite and ≥ 0 (> 0 for cap), else one sentence with the rule."""
     rule = "a finite number > 0" if key == "cap" else "a finite number >= 0"
     try:
-        value = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: {key}={value!r} is not a number; give {rule}.") from None
-    if not math.isfinite(value) or value < 0 or (key == "cap" and value == 0):
-        raise ValueError(f"{name}: {key}={value!r} is invalid; give {rule}.")
-    return value
+        raise ValueError(f"{key}={value!r} is not a number; give {rule}.") from None
+    if not (0 <= number < math.inf) or (key == "cap" and number == 0):
+        raise ValueError(f"{key}={number!r} is invalid; give {rule}.")
+    return number
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,20 +303,8 @@ def b_ratio(weight):
     """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0).
 
     Since e*ᵢ·μ = eᵢ·μ − ‖μ‖² ∈ [−B₋, B₊] (Eq. 24), B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26):
-    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) claims this for every h; as
-    stated it is false both ways. Smallest counterexamples (V = 3, D = 2; none exist for V = 2
-    or D = 1):
-      ⇒  E₂ = [[−1,0],[−1,0],[0,−1]]: B_ratio = 1/3, yet h = (−1,1) gives l = (1,1,−1) and
-          l* = (2/3,2/3,−4/3): max|l*| = 4/3 > 1 = max|l|.
-      ⇐  E₃ = [[−1,−1],[−1,1],[1,0]]: B_ratio = 4/3, yet h = (1,1) gives l = (−2,0,1) and
-          l* = (−5/3,1/3,4/3): max|l*| = 5/3 < 2 = max|l|.
-    The proof (App. B) breaks at Eq. 32 (a max of sums taken as the sum of maxes), Eq. 34 (row
-    norms can grow although B_ratio ≤ 1) and Eq. 35 (Lemma 2's bound taken for the logit).
-    For every h, l*ᵢ = lᵢ − l̄, so max|l*| ≤ max l − min l, and the mean square logit and row
-    norm drop by l̄² and ‖μ‖². So B_ratio ≤ 1 (App. C) says centering shrinks the logit range
-    along μ, not for every token. How often a random h gets a larger max|l*| grows with B_ratio
-    (theorem4.b_ratio_scan's random matrices: ~3% below 0.1, ~6% at 0.1–0.2, ~40% at 0.7–1).
-    theorem4.py checks each step: `python analyze.py verify [--exhaustive] [--b_ratio_scan]`.
+    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) states it for any h: exact
+    for h ∥ μ only; for other h either direction can fail (theorem4.py: the verdict, the proof).
     """
     b_minus, b_plus, mu_sq = b_bounds(weight)
     if mu_sq == 0:

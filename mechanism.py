@@ -51,6 +51,7 @@ import torch
 import data
 import fused_loss
 import heads
+import store
 import train
 from model import from_config, load_checkpoint
 
@@ -118,7 +119,6 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
                          "lam": None, "cap": None})
     model.load_state_dict(state)
     model.head.loss_path = fused_loss.loss_path(None, "cpu")
-    model.check_token_ids = False
     return model.to(model_dtype)
 
 
@@ -290,23 +290,30 @@ def run_rows(cells: list[dict]) -> list[dict]:
 
 
 def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
-    """Per condition and shift: the final validation loss minus that of the same condition's
-    unshifted run on the same data order, as mean, sample std and range over the seeds."""
-    reference = {(r["condition"], r["seed"]): r["val_loss_end"] for r in rows
-                 if r["shift"] == "none"}
+    """Per condition and shift: the validation loss minus that of the same condition's unshifted
+    run on the same data order, right after the shift (start: the forward pass alone) and after
+    the continued training (end), as mean, sample std and range over the seeds."""
     table = []
     for condition in dict.fromkeys(r["condition"] for r in rows):
+        reference = {r["seed"]: r for r in rows
+                     if r["condition"] == condition and r["shift"] == "none"}
         for shift in shifts:
-            gaps = [r["val_loss_end"] - reference[condition, r["seed"]] for r in rows
-                    if r["condition"] == condition and r["shift"] == shift
-                    and (condition, r["seed"]) in reference]
-            if gaps:
-                table.append(dict(condition=condition, shift=shift,
-                                  logit_mean=shifts[shift]["logit_mean"],
-                                  c_norm=shifts[shift]["c_norm"], seeds=len(gaps),
-                                  gap_mean=float(np.mean(gaps)),
-                                  gap_std=float(np.std(gaps, ddof=1)) if len(gaps) > 1 else 0.0,
-                                  gap_min=min(gaps), gap_max=max(gaps)))
+            runs = [r for r in rows if r["condition"] == condition and r["shift"] == shift
+                    and r["seed"] in reference]
+            if not runs:
+                continue
+            row = dict(condition=condition, shift=shift, logit_mean=shifts[shift]["logit_mean"],
+                       c_norm=shifts[shift]["c_norm"], seeds=len(runs))
+            for when in ("start", "end"):
+                gaps = [r[f"val_loss_{when}"] - reference[r["seed"]][f"val_loss_{when}"]
+                        for r in runs]
+                row |= {f"gap_{when}_mean": float(np.mean(gaps)),
+                        f"gap_{when}_std": float(np.std(gaps, ddof=1)) if len(gaps) > 1 else 0.0}
+            row |= dict(gap_min=min(r["val_loss_end"] - reference[r["seed"]]["val_loss_end"]
+                                    for r in runs),
+                        gap_max=max(r["val_loss_end"] - reference[r["seed"]]["val_loss_end"]
+                                    for r in runs))
+            table.append(row)
     return table
 
 
@@ -346,13 +353,14 @@ def gap_table(gaps: list[dict], args) -> str:
     shifts = list(dict.fromkeys(g["shift"] for g in gaps))
     cell = {(g["condition"], g["shift"]): g for g in gaps}
     lines = [f"Final validation loss minus the same condition's unshifted run (same data order), "
-             f"after {args.steps} steps at η = {args.lr:g}: mean ± std over the seeds (nats).",
+             f"after {args.steps} steps at η = {args.lr:g}: mean ± std over the seeds (nats); "
+             f"gaps.csv also holds the gap right after the shift (gap_start).",
              "", "| condition | " + " | ".join(
                  f"{s} (l̄ = {cell[conditions[0], s]['logit_mean']:.0f})" for s in shifts) + " |",
              "|---" * (len(shifts) + 1) + "|"]
     for condition in conditions:
         lines.append(f"| {condition} | " + " | ".join(
-            f"{cell[condition, s]['gap_mean']:+.3f} ± {cell[condition, s]['gap_std']:.3f}"
+            f"{cell[condition, s]['gap_end_mean']:+.3f} ± {cell[condition, s]['gap_end_std']:.3f}"
             for s in shifts) + " |")
     return "\n".join(lines) + "\n"
 
@@ -370,11 +378,13 @@ def plot_gaps(gaps: list[dict], path: Path):
         points = sorted((g for g in gaps if g["condition"] == condition
                          and g["shift"].startswith("along")), key=lambda g: g["logit_mean"])
         x = [max(g["logit_mean"], 10) for g in points]  # L = 0 drawn at 10 on the log axis
-        ax.errorbar(x, [g["gap_mean"] for g in points], yerr=[g["gap_std"] for g in points],
+        ax.errorbar(x, [g["gap_end_mean"] for g in points],
+                    yerr=[g["gap_end_std"] for g in points],
                     marker="o", capsize=3, color=COLORS[condition], label=condition)
         ortho = [g for g in gaps if g["condition"] == condition and g["shift"] == "ortho"]
         if ortho:
-            ax.errorbar([1000 * 1.15], [ortho[0]["gap_mean"]], yerr=[ortho[0]["gap_std"]],
+            ax.errorbar([1000 * 1.15], [ortho[0]["gap_end_mean"]],
+                        yerr=[ortho[0]["gap_end_std"]],
                         marker="s", mfc="white", capsize=3, color=COLORS[condition])
     ax.set_xscale("log")
     ax.axhline(0, color="grey", lw=0.8)
@@ -388,21 +398,27 @@ def plot_gaps(gaps: list[dict], path: Path):
 
 
 def plot_logit_mean(curves: list[dict], path: Path):
+    """l̄ over the continued steps, mean over the seeds, one panel per shift that moves it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, shift in zip(axes, ("along1000", "along3000")):
+    panels = [s for s in ("along300", "along1000", "along3000", "ortho")
+              if any(c["shift"] == s for c in curves)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.4), squeeze=False)
+    for ax, shift in zip(axes[0], panels):
         for condition in dict.fromkeys(c["condition"] for c in curves):
-            points = [c for c in curves if c["condition"] == condition and c["shift"] == shift
-                      and c["seed"] == 0]
-            ax.plot([p["step"] for p in points], [p["logit_mean"] for p in points], marker=".",
+            by_step = {}
+            for c in curves:
+                if c["condition"] == condition and c["shift"] == shift:
+                    by_step.setdefault(c["step"], []).append(c["logit_mean"])
+            steps = sorted(by_step)
+            ax.plot(steps, [np.mean(by_step[s]) for s in steps], marker=".",
                     color=COLORS[condition], label=condition)
-        ax.set_title(f"shift {shift}, seed 0", fontsize=9)
+        ax.set_title(f"shift {shift}", fontsize=9)
         ax.set_xlabel("step after the shift")
-        ax.set_yscale("symlog", linthresh=10)
-    axes[0].set_ylabel("mean logit l̄ = μ·h̄")
-    axes[1].legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("mean logit l̄ = μ·h̄ (mean over seeds)")
+    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -415,21 +431,21 @@ def build_parser():
     a("--data", default="data/shakespeare", help="a folder of shards (scripts/shakespeare.sh)")
     a("--work", default="runs/mechanism", help="the base run and one JSON per continued run")
     a("--out", default="results/mechanism", help="the CSVs, table and figures")
-    a("--base_steps", type=data.positive_int, default=2000, help="steps of the base run")
-    a("--steps", type=data.positive_int, default=300, help="steps of each continued run")
-    a("--lr", type=data.positive_float, default=0.03, help="constant η of the continued runs")
-    a("--seeds", type=data.positive_int, default=3, help="data orders 0 … seeds − 1")
+    a("--base_steps", type=store.positive_int, default=2000, help="steps of the base run")
+    a("--steps", type=store.positive_int, default=300, help="steps of each continued run")
+    a("--lr", type=store.positive_float, default=0.03, help="constant η of the continued runs")
+    a("--seeds", type=store.positive_int, default=3, help="data orders 0 … seeds − 1")
     a("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
-    a("--val_tokens", type=data.positive_int, default=4096, help="validation tokens scored")
-    a("--measure_every", type=data.positive_int, default=25, help="steps between l̄, val loss")
-    a("--jobs", type=data.positive_int, default=2, help="runs at once (one core each)")
+    a("--val_tokens", type=store.positive_int, default=4096, help="validation tokens scored")
+    a("--measure_every", type=store.positive_int, default=25, help="steps between l̄, val loss")
+    a("--jobs", type=store.positive_int, default=2, help="runs at once (one core each)")
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        data.shard_paths(args.data, "train")
+        store.check_dataset(args.data)         # one whole dataset, before any run starts
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"mechanism.py: error: {err}") from None
     train_base(args)

@@ -36,12 +36,13 @@ import data
 import fused_loss
 import heads
 import prepare
-from data import non_negative_float, non_negative_int, positive_float, positive_int
+import store
 from model import GPT, SIZES, from_config
 from runs import (CompileWatch, Dist, FiniteWatch, Throughput, all_reduce_sum, append_log,
                   check_run_folder, device_batches, fail, init_distributed, log_line, peak_flops,
                   restore, run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap,
                   write_json)
+from store import non_negative_float, non_negative_int, positive_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4) and the measurement settings; more in build_parser().
@@ -88,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval_every", type=non_negative_int, default=5000,
       help="steps between validation losses (and at the end); 0 = only at the end")
     a("--eval_tokens", type=positive_int, default=65_536_000,
-      help="validation tokens per evaluation (paper: 65.5M; at most what the val split holds)")
+      help="val tokens per evaluation, ≤ the val split (paper's code: 2000 iters × 16 × 2048)")
     a("--stat_tokens", type=positive_int, default=STAT_TOKENS,
       help="validation tokens for the final logit statistics (likewise)")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
@@ -206,7 +207,7 @@ def make_shards(args) -> str:
             prepare.fetch_fineweb(args.data, train_shards=shards)
         return ""
     except (RuntimeError, OSError, ValueError) as err:
-        if args.text or isinstance(err, data.WriteError):  # a full disk is not a network error
+        if args.text or isinstance(err, store.WriteError):  # a full disk is not a network error
             return str(err)
         return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); to "
                 f"train on local text instead, pass the text files as --data")
@@ -224,7 +225,7 @@ def open_data(args, ctx: Dist, say):
     fingerprint goes into the run's settings), token ids < vocab_size; --eval_tokens and
     --stat_tokens cut down to what the val split holds, saying so."""
     try:
-        args.data_fingerprint = data.check_dataset(args.data)  # --resume compares it
+        args.data_fingerprint = store.check_dataset(args.data)  # --resume compares it
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
                                   ctx.world_size, split="train")
         loader.check_vocab(args.vocab_size)
@@ -261,9 +262,6 @@ def build_model(args) -> GPT:
     torch.manual_seed(args.seed)
     model = from_config(vars(args))
     model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
-    # The callers feed checked ids (train.py checks every shard in open_data, bench.py draws
-    # them in range), so the model's per-forward check and its host sync are not needed.
-    model.check_token_ids = False
     return model
 
 
@@ -574,7 +572,7 @@ def main(argv=None) -> GPT | None:
     args = parse_args(argv)
     try:
         return train(args, init_distributed(args))
-    except data.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
+    except store.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
         fail(str(err))
     except KeyboardInterrupt:
         print("train.py: interrupted; --resume continues from the last checkpoint",

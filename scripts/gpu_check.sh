@@ -262,7 +262,7 @@ record env device="$DEVICE" cores="$CORES" budget_s="$BUDGET_S" \
     commit="$(git rev-parse HEAD 2> /dev/null || echo unknown)" \
     gpu="$( (nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader \
     2>/dev/null || echo none) | head -n 1)"
-if ! "$PYTHON" -c "import data; data.check_dataset('$DATA')" >> "$LOG" 2>&1; then
+if ! "$PYTHON" -c "import store; store.check_dataset('$DATA')" >> "$LOG" 2>&1; then
     echo "gpu_check.sh: $DATA is not a dataset; make it on a CPU machine with" \
         "\`bash scripts/gpu_check.sh prepare\` and copy it along" >&2
     exit 1

@@ -81,7 +81,8 @@ def test_the_shifts_reach_their_mean_logit_and_the_orthogonal_one_stays_off_the_
 
 
 def test_gap_table_is_each_condition_against_its_own_unshifted_run(tmp_path):
-    rows = [dict(condition=cond, shift=shift, seed=seed, val_loss_end=loss)
+    rows = [dict(condition=cond, shift=shift, seed=seed, val_loss_start=loss + 1,
+                 val_loss_end=loss)
             for cond, shift, seed, loss in [("bf16", "none", 0, 5.0), ("bf16", "none", 1, 5.2),
                                             ("bf16", "along1000", 0, 5.5),
                                             ("bf16", "along1000", 1, 5.9),
@@ -90,8 +91,10 @@ def test_gap_table_is_each_condition_against_its_own_unshifted_run(tmp_path):
     shifts = {"none": dict(logit_mean=-7, c_norm=0), "along1000": dict(logit_mean=1000,
                                                                        c_norm=9)}
     gaps = {(g["condition"], g["shift"]): g for g in mechanism.gap_rows(rows, shifts)}
-    assert gaps["bf16", "along1000"]["gap_mean"] == pytest.approx(0.6)
-    assert gaps["bf16", "along1000"]["gap_std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
-    assert gaps["float32", "along1000"]["gap_mean"] == 0 and gaps["bf16", "none"]["gap_max"] == 0
+    assert gaps["bf16", "along1000"]["gap_end_mean"] == pytest.approx(0.6)
+    assert gaps["bf16", "along1000"]["gap_end_std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    assert gaps["bf16", "along1000"]["gap_start_mean"] == pytest.approx(0.6)
+    assert gaps["float32", "along1000"]["gap_end_mean"] == 0
+    assert gaps["bf16", "none"]["gap_max"] == 0
     table = mechanism.gap_table(list(gaps.values()), argparse.Namespace(steps=300, lr=0.03))
     assert "| bf16 | +0.000 ± 0.000 | +0.600 ± 0.141 |" in table

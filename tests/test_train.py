@@ -398,7 +398,7 @@ def test_resume_refuses_other_settings_data_or_dtype_even_when_finished(markov_d
 
 
 def fill_disk_for(name, monkeypatch):
-    """Make every os.write (data.open_atomic's way to write) to a file whose path holds `name`
+    """Make every os.write (store.open_atomic's way to write) to a file whose path holds `name`
     fail as on a full disk."""
     real_write = os.write
 
