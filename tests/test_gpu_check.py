@@ -28,14 +28,6 @@ def markov_data(tmp_path_factory):
     return out
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(data_dir, out_dir, *extra, steps=4):
     return ["--size", "tiny", "--device", "cpu", "--vocab_size", "64", "--data", str(data_dir),
             "--out_dir", str(out_dir), "--steps", str(steps), "--warmup", "1", "--seq_len", "32",
