@@ -7,13 +7,16 @@
 For every size, head and loss path (plain: heads.py's reference; default: what train.py runs on
 this device; chunked: fused_loss.chunked_loss with --chunk_size, our own loop for every head)
 this builds the model, optimizer, autocast and torch.compile setting exactly as train.py does and
-times train.train_step on synthetic tokens: warm-up steps first (compilation), then --steps timed
-steps with a device sync before and after each. All variants of a size live in one process and
-take turns, one step each, in an order that rotates every round, so clock and thermal drift fall
-on all of them alike. Reported per variant: the median step time, tokens/s, MFU (FLOPs counted
-by model.flops_per_token, attention and the LM head included, against the device's dense bf16
-peak from train.py; none on CPU), the peak memory of a step, and the overhead of the head
-relative to the baseline with the same loss path (Table 2 iii of the paper).
+times train.train_step on synthetic tokens: warm-up steps first (the first compiles; warmup_s is
+their time), then --steps timed steps with a device sync before and after each, first alone (a
+provisional row), then, once every variant is ready, all variants of the size taking turns, one
+step each, in an order that rotates every round, so clock and thermal drift fall on all of them
+alike (the final rows). A default path that is the plain or the chunked one on this device is
+timed once, under that name. Reported per variant: the median step time, tokens/s, MFU (FLOPs
+counted by model.flops_per_token, attention and the LM head included, against the device's
+dense bf16 peak from train.py; none on CPU), the peak memory of a step, the warm-up time, and
+the overhead of the head relative to the baseline with the same loss path (Table 2 iii of the
+paper).
 
 Peak memory of a step is the most it holds at once above what was held before it (weights and
 optimizer state of every model in the process): activations, logits and gradients, measured in
@@ -26,12 +29,19 @@ OpenMP threads otherwise make small steps up to 100× slower.
 --loss_tokens N also times the LM head alone, forward + backward on N tokens at each size's width
 D and vocabulary V: our paths next to the anchors F.cross_entropy(F.linear(·)), torch's
 F.linear_cross_entropy and, on CUDA where installed, Liger Kernel's and Cut Cross-Entropy's fused
-linear CE (optional imports, never a dependency), with the errors of loss and gradients against
-heads.py in float64.
+linear CE (optional imports, never a dependency), each fed h and W in autocast's dtype as
+F.linear is (they have no autocast rule of their own), with the errors of loss and gradients
+against heads.py in float64.
+
+--json is rewritten (atomically) after every variant, so a run stopped by a time limit keeps
+what it measured; a path that cannot be written, or a size that cannot fit in memory, ends in one
+sentence before anything is measured.
 """
 import argparse
 import ctypes
 import functools
+import math
+import os
 import re
 import statistics
 import time
@@ -43,6 +53,7 @@ import torch.nn.functional as F
 import fused_loss
 import heads
 import runs
+import store
 import train
 from model import SIZES
 
@@ -59,7 +70,7 @@ LOSS_PATHS = {"plain": "heads.py's reference (--loss_chunk 0)",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
@@ -83,6 +94,9 @@ def parse_args(argv=None):
       help="autocast dtype, as train.py (auto: bfloat16 on CUDA, float32 elsewhere)")
     a("--compile", action=argparse.BooleanOptionalAction, default=None,
       help="torch.compile, as train.py (default: on CUDA only)")
+    a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
+    a("--float32_head", action="store_true",
+      help="also time the baseline with a float32 LM head (train.py --head_dtype float32)")
     a("--loss_tokens", type=train.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
     a("--no_train", action="store_true",
@@ -97,9 +111,56 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if args.no_train and not args.loss_tokens:
         p.error("--no_train leaves nothing to measure; add --loss_tokens N")
+    if args.tf32 and device_type != "cuda":
+        p.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
+    if args.json is not None and args.json.is_dir():
+        p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
+                f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
-    args.impls = list(dict.fromkeys(args.loss_paths))
+    args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size,
+                                device_type)
+    for size in args.sizes:
+        refuse_what_cannot_fit(args, size, device_type, p.error)
     return args
+
+
+def distinct_paths(impls, chunk_size, device_type):
+    """The loss paths without a default that is another requested path on this device (CUDA:
+    the plain one; CPU with --chunk_size DEFAULT_CHUNK: the chunked one): timed once, not twice."""
+    same = {0: "plain", chunk_size: "chunked"}.get(fused_loss.DEFAULT_CHUNK.get(device_type, 0))
+    if "default" in impls and same in impls:
+        print(f"bench.py: the default loss path on {device_type} is the {same} one; timed once, "
+              f"as {same}")
+        impls.remove("default")
+    return impls
+
+
+def device_memory(device):
+    """Bytes of memory of the GPU, or of the machine for a CPU (Linux / Unix)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def refuse_what_cannot_fit(args, size, device_type, error):
+    """error(one sentence) when a size's step or loss alone needs more than the device's memory,
+    by a lower bound: the training step keeps its token ids (2 × 8 bytes a token) and at least
+    one float32 activation of width D per layer for backward; the head alone holds h and its
+    gradient (2 × 4D bytes a token), the targets and the float64 reference's logits (8V)."""
+    have, cfg = device_memory(torch.device(args.device)), SIZES[size]
+    train_tokens = args.micro_batch * args.seq_len
+    needs = [] if args.no_train else [(
+        train_tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
+        f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {train_tokens:,} tokens "
+        f"per step", "--micro_batch or --seq_len")]
+    if args.loss_tokens:
+        needs.append((args.loss_tokens * (8 * cfg["n_embd"] + 8 + 8 * args.vocab_size),
+                      f"--loss_tokens {args.loss_tokens:,} (V = {args.vocab_size}, D = "
+                      f"{cfg['n_embd']})", "--loss_tokens"))
+    for need, what, lower in needs:
+        if need > have:
+            error(f"{what} at {size} would need at least {fmt_memory(need)} of memory, but the "
+                  f"{device_type} has {fmt_memory(have)}; lower {lower}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,13 +227,14 @@ def round_robin(variants, run_once, steps):
 # ---------------------------------------------------------------------------------------------
 # The training step of train.py, per size, head and loss path
 
-def train_args(args, size, head, impl):
+def train_args(args, size, head, impl, head_dtype="auto"):
     """train.py's own settings for one variant: one micro-batch per step, no gradient accumulation."""
     argv = ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
             "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
             "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
             "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
-            *LOSS_CHUNK_ARGS[impl](args)]
+            *["--tf32"] * args.tf32, *LOSS_CHUNK_ARGS[impl](args),
+            *["--head_dtype", head_dtype] * (head_dtype != "auto")]
     return train.parse_args(argv)
 
 
@@ -181,10 +243,11 @@ LOSS_CHUNK_ARGS = {"plain": lambda args: ["--loss_chunk", "0"], "default": lambd
 
 
 class Variant:
-    """One (head, loss path) of a size: model, optimizer and step exactly as train.py builds them."""
+    """One (head, loss path, head dtype) of a size: model, optimizer and step exactly as train.py
+    builds them."""
 
-    def __init__(self, args, size, head, impl, batch):
-        self.targs = train_args(args, size, head, impl)
+    def __init__(self, args, size, head, impl, head_dtype, batch):
+        self.targs = train_args(args, size, head, impl, head_dtype)
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
@@ -205,47 +268,63 @@ def synthetic_batch(args, device):
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
-def bench_size(args, size):
-    """Rows of results for one model size: every head × loss path, timed in turns."""
+def bench_size(args, size, publish):
+    """Rows of results for one model size, every head × loss path: each variant compiled and
+    timed alone as soon as it is built (publish(rows so far) after each), then all of them
+    timed in turns (publish(final rows))."""
     device = torch.device(args.device)
     print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …",
           flush=True)
     batch = synthetic_batch(args, device)
-    variants = {(h, i): Variant(args, size, h, i, batch) for h in args.heads for i in args.impls}
-    for variant in variants.values():
-        for _ in range(args.warmup):
-            variant.run_step()
-    samples = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
-                          args.steps)
-    peaks = {key: peak_memory(device, variant.run_step) for key, variant in variants.items()}
-    peak = train.peak_flops(device, args.dtype)
-    tokens = args.micro_batch * args.seq_len
-    rows = []
-    for (head, impl), variant in variants.items():
-        seconds, peak_bytes = statistics.median(samples[head, impl]), peaks[head, impl]
-        flops_per_token = variant.raw.flops_per_token(args.seq_len)
-        rows.append({"size": size, "head": head, "loss_impl": impl,
-                     "params": variant.raw.num_params(), "flops_per_token": flops_per_token,
-                     "step_s": seconds, "tokens_per_s": tokens / seconds,
-                     "mfu": flops_per_token * tokens / seconds / peak if peak else None,
-                     "peak_mem_bytes": peak_bytes})
-    add_relative(rows, "step_s")
+    variants, warmup_s, alone, peaks = {}, {}, {}, {}
+    keys = [(h, i, "auto") for h in args.heads for i in args.impls]
+    keys += [("baseline", i, "float32") for i in args.impls if args.float32_head]
+    for key in keys:
+        variant = variants[key] = Variant(args, size, *key, batch)
+        warmup_s[key] = sum(timed(device, variant.run_step) for _ in range(args.warmup))
+        alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
+        peaks[key] = peak_memory(device, variant.run_step)
+        publish(train_rows(args, size, variants, alone, peaks, warmup_s, "alone"))
+    in_turns = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
+                           args.steps)
+    publish(train_rows(args, size, variants, in_turns, peaks, warmup_s, "in turns"))
     del variants
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def train_rows(args, size, variants, samples, peaks, warmup_s, timing):
+    """One row per timed variant: median step time, tokens/s, MFU, peak memory, and the
+    overheads of add_relative."""
+    peak = train.peak_flops(torch.device(args.device), args.dtype)
+    tokens = args.micro_batch * args.seq_len
+    rows = []
+    for key, timings in samples.items():
+        (head, impl, head_dtype), seconds = key, statistics.median(timings)
+        model = variants[key].raw
+        flops_per_token = model.flops_per_token(args.seq_len)
+        rows.append({"size": size, "head": head, "loss_impl": impl, "head_dtype": head_dtype,
+                     "params": model.num_params(), "flops_per_token": flops_per_token,
+                     "step_s": seconds, "tokens_per_s": tokens / seconds,
+                     "mfu": flops_per_token * tokens / seconds / peak if peak else None,
+                     "peak_mem_bytes": peaks[key], "warmup_s": warmup_s[key],
+                     "timing": timing})
+    add_relative(rows, "step_s")
     return rows
 
 
 def add_relative(rows, key):
     """Compare rows measured in the same process (same size):
-        overhead      = key / key of the baseline with the same loss path − 1
+        overhead      = key / key of the baseline with the same loss path (and the head in
+                        autocast's dtype) − 1
         vs_plain      = key / key of the plain path with the same head − 1     (chunked rows)
         mem_reduction = peak memory of the plain path / this row's             (chunked rows)"""
     def find(row, **changes):
-        want = {k: row[k] for k in ("size", "head", "loss_impl")} | changes
-        return next((r for r in rows if all(r[k] == v for k, v in want.items())), None)
+        want = {k: row.get(k) for k in ("size", "head", "loss_impl", "head_dtype")} | changes
+        return next((r for r in rows if all(r.get(k) == v for k, v in want.items())), None)
     for row in rows:
-        row["overhead"] = row[key] / find(row, head="baseline")[key] - 1
+        same_dtype = {"head_dtype": "auto"} if "head_dtype" in row else {}
+        row["overhead"] = row[key] / find(row, head="baseline", **same_dtype)[key] - 1
         plain = find(row, loss_impl="plain") if row["loss_impl"] != "plain" else None
         row["vs_plain"] = row[key] / plain[key] - 1 if plain else None
         row["mem_reduction"] = (plain["peak_mem_bytes"] / row["peak_mem_bytes"]
@@ -278,13 +357,26 @@ def loss_functions(name, args, device_type):
                                                torch_op=False))}
     paths = {k: v for k, v in paths.items() if k in args.impls}
     paths["F.ce(F.linear)"] = plus_mu_loss(functools.partial(naive_loss, head))
+    fused = {}
     if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
-        paths["F.linear_ce"] = plus_mu_loss(lambda h, w, y: F.linear_cross_entropy(
-            h, w, y, ignore_index=heads.IGNORE, options=options))
+        fused["F.linear_ce"] = lambda h, w, y: F.linear_cross_entropy(
+            h, w, y, ignore_index=heads.IGNORE, options=options)
     if device_type == "cuda":
-        paths.update({k: plus_mu_loss(f) for k, f in gpu_anchors(head).items()})
-    return paths
+        fused |= gpu_anchors(head)
+    return paths | {k: plus_mu_loss(in_autocast_dtype(f)) for k, f in fused.items()}
+
+
+def in_autocast_dtype(loss_fn):
+    """loss_fn(h, W, y) fed h and W in autocast's dtype where autocast is on, as autocast feeds
+    F.linear: the fused ops have no autocast rule and would otherwise run in float32, so that
+    "ours against the best anchor" would compare a bf16 path with a float32 one."""
+    def cast(h, weight, targets):
+        if torch.is_autocast_enabled(h.device.type):
+            dtype = torch.get_autocast_dtype(h.device.type)
+            h, weight = h.to(dtype), weight.to(dtype)
+        return loss_fn(h, weight, targets)
+    return cast
 
 
 def naive_loss(head, h, weight, targets):
@@ -335,9 +427,10 @@ def errors_vs_float64(name, loss_fn, h, weight, targets, amp):
     return float((loss - ref_loss).abs()), grad_err
 
 
-def bench_loss_path(args, size):
+def bench_loss_path(args, size, publish):
     """Rows for the head alone at this size's width: every head × loss path (ours and the
-    anchors), timed in turns, with the errors of loss and gradients against float64."""
+    anchors), timed in turns, with the errors of loss and gradients against float64; handed
+    to publish(rows)."""
     device = torch.device(args.device)
     print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
@@ -374,7 +467,7 @@ def bench_loss_path(args, size):
                      "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
                      "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]})
     add_relative(rows, "time_s")
-    return rows
+    publish(rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,6 +475,12 @@ def bench_loss_path(args, size):
 
 def fmt_bytes(n):
     return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_memory(n):
+    """Bytes in GiB or a larger binary unit, for what a machine holds."""
+    exponent = min(max(3, int(math.log(max(n, 1), 1024))), 6)
+    return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
 
 
 def fmt_pct(x):
@@ -404,19 +503,28 @@ def print_train_tables(result):
     print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
           f"{result['device_name']}, {args['dtype']}, {'compiled' if args['compile'] else 'eager'}, "
           f"micro-batch {args['micro_batch']} × seq {args['seq_len']}, median of {args['steps']} steps")
+    columns = args["heads"] + [label({"head": "baseline", "head_dtype": "float32"})] * \
+        args["float32_head"]
     for impl in args["impls"]:
         print(f"loss path: {impl}")
-        print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in args["heads"]))
+        print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
         for size in args["sizes"]:
-            cells = {r["head"]: r for r in train_rows if r["size"] == size and r["loss_impl"] == impl}
-            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}" for h in args["heads"]))
+            cells = {label(r): r for r in train_rows
+                     if r["size"] == size and r["loss_impl"] == impl}
+            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}"
+                                           for h in columns))
     print(f"\n{'size':>6} {'head':>10} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} "
           f"{'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
     for r in train_rows:
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        print(f"{r['size']:>6} {r['head']:>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
+        print(f"{r['size']:>6} {label(r):>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
               f"{r['tokens_per_s']:>10,.0f} {mfu:>6} {fmt_bytes(r['peak_mem_bytes']):>10} "
               f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
+
+
+def label(row):
+    """The head's name, and its dtype where it is not autocast's: `baseline+f32`."""
+    return row["head"] + ("+f32" if row.get("head_dtype") == "float32" else "")
 
 
 def print_loss_table(result):
@@ -440,28 +548,62 @@ def device_name(device):
     return f"CPU ({torch.get_num_threads()} threads)"
 
 
+def allow_recompiles(config, limit=64):
+    """Every head and loss path is its own compiled graph of GPT.forward; beyond torch's default
+    limit of 8 per function the rest would silently run uncompiled. cache_size_limit is the
+    name in every torch ≥ 2.0 (recompile_limit, from 2.7 on, is the same setting)."""
+    config.cache_size_limit = max(config.cache_size_limit, limit)
+
+
+def save(path, result):
+    if path is not None:
+        store.make_folder(path.parent)
+        train.write_json(path, result)
+
+
+def is_out_of_memory(err):
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # as train.py: TF32 where autocast leaves float32
-    # Every head and loss path is its own compiled graph of GPT.forward; beyond torch's default
-    # limit of 8 per function the rest would silently run uncompiled.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # as train.py
+    allow_recompiles(torch._dynamo.config)
     result = {"device_name": device_name(device), "torch": torch.__version__,
               "peak_flops": train.peak_flops(device, args.dtype),
               "memory_measure": ("torch.cuda.max_memory_allocated above the start"
                                  if device.type == "cuda" else "peak RSS growth (VmHWM)"),
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
               "train": [], "loss_path": []}
-    for size in args.sizes:
-        if not args.no_train:
-            result["train"] += bench_size(args, size)
-        if args.loss_tokens:
-            result["loss_path"] += bench_loss_path(args, size)
-        if args.json:  # after every size, so an interrupted run keeps what it measured
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            train.write_json(args.json, result)
+
+    def publish(part):
+        """Where the size being measured hands its rows: after the earlier sizes' rows."""
+        done = list(result[part])
+
+        def rows_so_far(rows):
+            result[part] = done + rows
+            save(args.json, result)
+        return rows_so_far
+
+    size = args.sizes[0]
+    try:
+        save(args.json, result)  # at once: a --json that cannot be written ends before any work
+        for size in args.sizes:
+            if not args.no_train:
+                bench_size(args, size, publish("train"))
+            if args.loss_tokens:
+                bench_loss_path(args, size, publish("loss_path"))
+    except store.WriteError as err:  # store.py's sentence, and what to do where it has none
+        advice = ("" if ";" in str(err) else "; free space or write elsewhere"
+                  if isinstance(err, store.DiskFullError) else "; give --json a file you can write")
+        raise SystemExit(f"bench.py: error: --json: {err}{advice}") from None
+    except RuntimeError as err:
+        if not is_out_of_memory(err):
+            raise
+        kept = f"; {args.json} holds what was measured before" if args.json else ""
+        raise SystemExit(f"bench.py: error: {size} ran out of {device.type} memory; lower "
+                         f"--micro_batch, --seq_len or --loss_tokens{kept}") from None
     print_tables(result)
     return result
 

@@ -5,6 +5,7 @@ its speed. train.py is the reader's file; this one is what makes it safe to run.
 import contextlib
 import fcntl
 import json
+import logging
 import math
 import os
 import re
@@ -24,8 +25,10 @@ STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # store.open_atomic's t
 # Settings that define what a run computes; --resume refuses a run folder that differs in any.
 RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
                 "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint")
-# Dense bf16 tensor-core peak FLOP/s of one GPU, first match in torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12))
+# Dense bf16 tensor-core peak FLOP/s of one GPU, first match in torch.cuda.get_device_name()
+# (the NVL boards run at a lower clock than the SXM ones).
+PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
+                   ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12))
 
 
 def fail(message: str):
@@ -301,6 +304,33 @@ def peak_flops(device: torch.device, dtype: str):
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
 
 
+class CompileWatch(logging.Filter):
+    """What torch.compile gave up on. With torch._dynamo.config.suppress_errors a function that
+    fails to compile runs eagerly, and torch logs that as a warning with a long traceback; this
+    filter keeps the root cause of each instead (one line), for train.py to say once."""
+    LOGGER = logging.getLogger("torch._dynamo.convert_frame")
+
+    def __init__(self):
+        super().__init__()
+        self.failures = []
+        self.LOGGER.addFilter(self)
+
+    def filter(self, record) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        cause = record.exc_info[1] if record.exc_info else None
+        while inner := getattr(cause, "inner_exception", None) or getattr(cause, "__cause__", None):
+            cause = inner  # the compiler's own error, inside torch's wrapping of it
+        text = f"{type(cause).__name__}: {cause}" if cause else record.getMessage()
+        self.failures.append(text.strip().splitlines()[0][:200])
+        return False  # kept from the console
+
+    def stop(self) -> str | None:
+        """Stop watching; the first failure, or None when everything compiled."""
+        self.LOGGER.removeFilter(self)
+        return self.failures[0] if self.failures else None
+
+
 class Throughput:
     """Tokens per second over the steps since the last restart, timed between device syncs
     (CUDA runs asynchronously: without a sync the clock would time the queueing)."""
@@ -327,13 +357,17 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def log_line(record: dict, steps: int, eta: float) -> str:
-    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read."""
+def log_line(record: dict, steps: int, eta: float | None) -> str:
+    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read (no speed and no ETA
+    where none was measured: the first step, which compiles)."""
     parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
-             f"lr {record['lr']:.2e}", f"{record['tok_per_s']:,.0f} tok/s"]
+             f"lr {record['lr']:.2e}"]
+    if record["tok_per_s"] is not None:
+        parts.append(f"{record['tok_per_s']:,.0f} tok/s")
     if record["mfu"] is not None:
         parts.append(f"MFU {record['mfu']:.1%}")
-    parts.append(f"ETA {format_duration(eta)}")
+    if eta is not None:
+        parts.append(f"ETA {format_duration(eta)}")
     if "val_loss" in record:
         parts.append(f"val {record['val_loss']:.4f}")
     return " | ".join(parts)

@@ -38,9 +38,10 @@ import heads
 import prepare
 import store
 from model import GPT, SIZES, from_config
-from runs import (Dist, FiniteWatch, Throughput, all_reduce_sum, append_log, check_run_folder,
-                  device_batches, fail, init_distributed, log_line, peak_flops, restore,
-                  run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
+from runs import (CompileWatch, Dist, FiniteWatch, Throughput, all_reduce_sum, append_log,
+                  check_run_folder, device_batches, fail, init_distributed, log_line, peak_flops,
+                  restore, run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap,
+                  write_json)
 from store import non_negative_float, non_negative_int, positive_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="dtype of the LM head's matmul and its backward (auto: --dtype's; float32: a "
            "float32 head under a bf16 body)")
     a("--compile", action=argparse.BooleanOptionalAction, default=None, help="None: on CUDA")
+    a("--tf32", action="store_true", help="TensorFloat-32 (10-bit mantissa) for the matmuls "
+      "left in float32, on CUDA; without it float32 is float32")
     return p
 
 
@@ -173,7 +176,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"{args.data[files.index(False)]} is not a file")
     args.text = args.data if all(files) else None  # tokenized into a folder by prepare_data
     args.data = None if args.text else args.data[0]
-    resolve_device(args, parser.error)
+    if resolve_device(args, parser.error) != "cuda" and args.tf32:
+        parser.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
     return args
 
 
@@ -473,6 +477,7 @@ class Run:
     step: int                 # optimizer steps done
     init_loss: float | None   # val loss before training; None until measured
     train_time_s: float       # training seconds so far
+    compile_watch: CompileWatch | None  # what torch.compile gave up on; None: not compiled
 
 
 def setup(args, ctx: Dist, out: Path, say) -> Run | None:
@@ -487,17 +492,17 @@ def setup(args, ctx: Dist, out: Path, say) -> Run | None:
     finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides for all
     if all_reduce_sum(torch.tensor(float(finished), device=ctx.device)).item():
         return None
-    if ctx.device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in float32
+    torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # TF32 if asked
     model = build_model(args).to(ctx.device)
     optimizer = make_optimizer(model, args)
     state = {"step": 0, "init_loss": None, "train_time_s": 0.0}
     if args.resume and (out / "ckpt.pt").exists():
         state = restore(out / "ckpt.pt", config, model, optimizer, loader, ctx.device)
     # The wrappers share the model's parameters: compiled on CUDA (a model that fails to compile
-    # runs eagerly, with a warning), and in DDP on several processes (gradients all-reduced).
+    # runs eagerly: the loop says so after the first step), and in DDP on several processes.
     if args.compile:
         torch._dynamo.config.suppress_errors = True
+    compile_watch = CompileWatch() if args.compile else None
     compiled = torch.compile(model) if args.compile else model
     wrapped = compiled if ctx.world_size == 1 else \
         DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
@@ -505,7 +510,7 @@ def setup(args, ctx: Dist, out: Path, say) -> Run | None:
         write_json(out / "config.json", config)
         trim_log(out / "log.jsonl", state["step"])  # a fresh run starts an empty log
     return Run(model, compiled, wrapped, optimizer, loader, autocast(ctx.device, args.dtype),
-               config, out, **state)
+               config, out, compile_watch=compile_watch, **state)
 
 
 def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
@@ -530,7 +535,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     watch = FiniteWatch(ctx.device)
     next_batch = device_batches(run.loader, ctx.device)
     diverged_at, last_val, start = None, None, time.perf_counter()
-    speed = Throughput(ctx.device, tokens_per_step)
+    speed, first_step = Throughput(ctx.device, tokens_per_step), run.step + 1
     while run.step < args.steps:
         step = run.step = run.step + 1
         result = train_step(run.wrapped, run.optimizer, next_batch, lr_at(step - 1, args),
@@ -544,17 +549,20 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         if diverged_at is not None:
             say(f"step {diverged_at}: the loss is not finite; the run diverged and stops")
             break
-        if is_log:
-            tok_per_s, per_step = speed.read()
+        if step == first_step and run.compile_watch:
+            say_compile_failure(run, ctx, say)
+        if is_log:  # the first step compiles: no throughput is read over it
+            tok_per_s, per_step = speed.read() if step > first_step else (None, None)
             metrics, log_s = timed(step_metrics, run.model, result, args, run.amp)
             record = {"step": step, "tokens": step * tokens_per_step, "lr": lr_at(step - 1, args),
                       **metrics, "tok_per_s": tok_per_s,
-                      "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size) if peak
-                      else None}
+                      "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size)
+                      if peak and tok_per_s else None}
             if is_eval:
                 last_val, eval_s = timed(evaluate, run.compiled, args, ctx, run.amp)
                 record["val_loss"] = last_val
-            say(log_line(record, args.steps, eta=eta_seconds(step, args, per_step, log_s, eval_s)))
+            eta = None if per_step is None else eta_seconds(step, args, per_step, log_s, eval_s)
+            say(log_line(record, args.steps, eta=eta))
             if ctx.master:
                 append_log(run.out / "log.jsonl", record)
         if is_save and ctx.master:
@@ -565,7 +573,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         if step == args.stop_at:
             say(f"stopping after step {step} as --stop_at asks; continue with --resume")
             return run.model
-        if is_log or is_save:  # the next throughput window starts after this bookkeeping
+        if is_log or is_save or step == first_step:  # the next window starts after this step
             speed.restart()
     run.train_time_s += time.perf_counter() - start
 
@@ -588,6 +596,18 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     say("done: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                              for k, v in summary.items()))
     return model
+
+
+def say_compile_failure(run: Run, ctx: Dist, say):
+    """After the first step (everything has compiled by then): if torch.compile gave up on
+    anything, say it in one line and record it in config.json as compile_failed."""
+    failure = run.compile_watch.stop()
+    if failure:
+        run.config["compile_failed"] = failure
+        say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where it "
+            f"failed, recorded as compile_failed in config.json")
+        if ctx.master:
+            write_json(run.out / "config.json", run.config)
 
 
 def train(args, ctx: Dist) -> GPT | None:
