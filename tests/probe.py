@@ -90,7 +90,6 @@ def shquote(text):
 
 def run_case(case, root, work):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.setdefault("TIKTOKEN_CACHE_DIR", str(Path(tempfile.gettempdir()) / "tkc"))
     argv = [arg(work) if callable(arg) else arg for arg in case.argv]
     if argv[0] == "-m":
         command = [sys.executable, *argv]
@@ -461,6 +460,8 @@ def main(argv=None):
     p.add_argument("--match", help="only cases whose name contains this")
     args = p.parse_args(argv)
     root = args.root.resolve()
+    sys.path.insert(0, str(HERE))
+    import conftest  # noqa: F401  (seeds an offline GPT-2 vocabulary for the subprocesses)
     mounts = can_mount()
     with tempfile.TemporaryDirectory(prefix="probe-") as base:
         fx = Fixtures(root, Path(base))
