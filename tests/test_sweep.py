@@ -248,11 +248,12 @@ def test_grid_values_are_all_checked_before_anything_starts(tmp_path):
     every axis is named at once and nothing is written."""
     out = tmp_path / "sweep"
     with pytest.raises(SystemExit) as error:
-        sweep.main(["run", "--grid", "custom", "--sizes", "tiny", "--heads", "z_loss", "soft_cap",
-                    "--lrs", "0", "1e-3", "nan", "-1", "--lams", "-0.0001", "1e-4", "--caps", "0",
-                    "--seeds", "-1", "0", "--out", str(out)])
+        sweep.main(["run", "--grid", "custom", "--sizes", "tiny", "bogus", "--heads", "z_loss",
+                    "soft_cap", "--lrs", "0", "1e-3", "nan", "-1", "--lams", "-0.0001", "1e-4",
+                    "--caps", "0", "--seeds", "-1", "0", "--out", str(out)])
     assert str(error.value) == (
-        "sweep run: nothing was started, as the grid has bad values: --lrs 0 nan -1 (each must "
+        "sweep run: nothing was started, as the grid has bad values: --sizes bogus (each must "
+        "be one of tiny, small, 16M, 29M, 57M, 109M, 221M); --lrs 0 nan -1 (each must "
         "be a finite number > 0); --lams -0.0001 (each must be a finite number ≥ 0); --caps 0 "
         "(each must be a finite number > 0); --seeds -1 (each must be an integer from 0 to "
         "2^64 − 1)")
@@ -481,6 +482,23 @@ def test_the_proxy_sweeps_finished_runs_stay_finished(tmp_path, capsys):
         sweep.main(argv + ["--eval_tokens", "4096"])
 
 
+def test_a_sweep_on_text_files_counts_its_finished_runs(tmp_path, capsys):
+    """train.py records text files given as --data under "text" and its tokenized cache folder
+    under "data"; the same command used to refuse every finished run ("data data/text/… there,
+    tests/assets/… asked"), so a sweep cut off by a time limit could not be continued."""
+    other = tmp_path / "other.txt"
+    other.write_text("other text")
+    write_run(tmp_path, "tiny", "baseline", 1e-3, 6.0, data="data/text/paradise_regained-76141c",
+              text=[str(TEXT)])
+    assert dry_run(tmp_path, "--data", str(TEXT)) == 0
+    assert "1 runs in the grid, 1 finished, 0 to do" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="1 run folder.*tie0: data .*paradise_regained.txt.* "
+                                         "there, .*other.txt.* asked\\)"):
+        dry_run(tmp_path, "--data", str(TEXT), str(other))
+    with pytest.raises(SystemExit, match="1 run folder"):
+        dry_run(tmp_path, "--data", str(tmp_path))  # a folder of shards is another dataset
+
+
 def test_every_distinct_value_gets_its_own_folder(tmp_path, capsys):
     """--lrs 1e-3 1.0000001e-3 used to map both runs to lr0.001 and train only one."""
     runs = sweep.expand_grid("custom", ["tiny"], [1e-3, 1.0000001e-3, 1 / 3], ["z_loss"],
@@ -503,7 +521,8 @@ def fake_slurm_bin(folder):
     """srun, scontrol and torchrun stand-ins: torchrun writes its arguments, one per line."""
     folder.mkdir()
     scripts = {"srun": '#!/bin/sh\nshift\nexec "$@"\n',  # drops its --ntasks-per-node=1
-               "scontrol": "#!/bin/sh\necho node-a\necho node-b\n",
+               # a long node list: `| head -n 1` would exit first and scontrol die of SIGPIPE
+               "scontrol": "#!/bin/sh\necho node-a\nprintf 'node-%s\\n' $(seq 100000)\n",
                "torchrun": '#!/bin/sh\nprintf "%s\\n" "$@" > "$TORCHRUN_ARGS"\n'}
     for name, text in scripts.items():
         (folder / name).write_text(text)
