@@ -148,10 +148,9 @@ def run_folder_lock(out: Path):
             lock.seek(0)
             fail(f"{out} is in use by {lock.read().strip() or 'another process'}; wait for it to "
                  f"end, or choose another --out_dir")
-        try:
-            lock.truncate(0)
-            lock.write(f"train.py, process {os.getpid()}\n")
-            lock.flush()
+        try:  # unbuffered: a write that failed must not be retried when the file closes
+            os.ftruncate(lock.fileno(), 0)
+            os.write(lock.fileno(), f"train.py, process {os.getpid()}\n".encode())
         except OSError as err:
             fail(f"cannot write {out / LOCK} ({err.strerror}); free space or choose another "
                  f"--out_dir")
@@ -212,14 +211,29 @@ def write_json(path, obj: dict):
 
 
 def append_log(path: Path, record: dict):
-    with open(path, "a") as f:
-        f.write(json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n")
+    """One JSON line at the end of the log, whole or not at all: when the disk fills up midway,
+    the part that went in is cut off again and data.WriteError says so in one sentence."""
+    line = (json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size, done = os.fstat(fd).st_size, 0
+        try:
+            while done < len(line):  # os.write may write only a part
+                done += os.write(fd, line[done:])
+        except OSError as err:
+            os.ftruncate(fd, size)
+            raise data.write_error(err, path) from None
+    finally:
+        os.close(fd)
 
 
 def trim_log(path: Path, last_step: int):
     """Keep the log lines up to the checkpoint's step: the steps after it are trained again,
     and a line cut off by a kill is dropped."""
     kept = []
+    if path.exists() and not path.is_file():
+        fail(f"{path} is not a file, so the run's log cannot be continued; move it out of the "
+             f"way and resume again")
     if path.exists():
         for line in path.read_text().splitlines():
             try:
@@ -260,13 +274,17 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
     train_time_s. A checkpoint that cannot continue this run ends in one sentence."""
     try:
         ckpt = load_checkpoint(path)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: not a file
         fail(f"{str(err).rstrip('.')}; delete it to start afresh")
     missing = [key for key in ("optimizer", "loader", "rng", "init_loss", "train_time_s")
                if key not in ckpt]
     if missing:
         fail(f"{path} holds weights but not what --resume needs ({', '.join(missing)}); "
              f"delete it to start afresh")
+    for key in ("init_loss", "train_time_s"):  # they go into summary.json as they are
+        if not isinstance(ckpt[key], (int, float)) or isinstance(ckpt[key], bool):
+            fail(f"{path} records {key} {ckpt[key]!r}, not a number, so it was not written by "
+                 f"train.py; delete it to start afresh")
     refuse_other_settings(path, ckpt["config"], config)
     try:
         model.load_state_dict(ckpt["model"])
@@ -282,7 +300,19 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         fail(f"{path} cannot continue this run ({err}); delete it to start afresh")
+    refuse_misshapen_optimizer_state(path, optimizer)
     return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s")}
+
+
+def refuse_misshapen_optimizer_state(path: Path, optimizer):
+    """AdamW's load_state_dict takes moments of any shape; the first step would then fail deep
+    inside it. Each moment must have its parameter's shape (the step count is a scalar)."""
+    for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
+        for name, value in optimizer.state.get(param, {}).items():
+            if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
+                fail(f"{path} holds optimizer state {name} of shape {tuple(value.shape)} for "
+                     f"parameter {number} of shape {tuple(param.shape)}; it does not fit this "
+                     f"model: delete it to start afresh")
 
 
 # ---------------------------------------------------------------------------------------------
