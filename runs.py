@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
-from model import GPT, load_checkpoint
+from model import GPT, SIZES, load_checkpoint
 
 LOCK = ".lock"             # in the run folder: held (fcntl.flock) by the process using it
 STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # data.open_atomic's temporary names
@@ -31,6 +32,48 @@ PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("
 def fail(message: str):
     """End the run with one sentence and no traceback (exit code 1)."""
     raise SystemExit(f"train.py: error: {message}")
+
+
+def one_usage_error_under_torchrun(parser):
+    """Under torchrun every process parses the same command line, so each printed the same
+    error, and torchrun answered their exit code 2 with its failure banner (a traceback and a
+    table of ranks) that buried the sentence. Now rank 0 alone prints it and every process
+    exits 0, so torchrun ends quietly; the run is not done (no summary.json, which is what
+    sweep.py looks at)."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return
+
+    def error(message):
+        if int(os.environ.get("RANK", 0)) == 0:
+            parser.print_usage(sys.stderr)
+            print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(0)
+    parser.error = error
+
+
+def refuse_oversized_embeddings(args, error):
+    """Call error(sentence) when the embeddings alone cannot fit in the device's memory, saying
+    how much they need, instead of the allocator's traceback: V·D numbers (twice untied) in
+    float32, with their gradients and AdamW's two moments, 16 bytes per number."""
+    numbers = args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
+    needed = 16 * numbers
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        total, where = torch.cuda.get_device_properties(device).total_memory, "the GPU's"
+    else:
+        total, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's"
+    if needed > total:
+        error(f"--vocab_size {args.vocab_size:,} needs {format_bytes(needed)} for the embeddings "
+              f"alone (weights, gradients and AdamW state, 16 bytes per number), more than "
+              f"{where} {format_bytes(total)} of memory; lower --vocab_size")
+
+
+def format_bytes(n: int) -> str:
+    """1.8 PiB, 12.0 GiB, 512 B."""
+    for power, unit in ((5, "PiB"), (4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if n >= 1024 ** power:
+            return f"{n / 1024 ** power:,.1f} {unit}"
+    return f"{n} B"
 
 
 # ---------------------------------------------------------------------------------------------

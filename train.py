@@ -39,8 +39,9 @@ import prepare
 from data import non_negative_float, non_negative_int, positive_float, positive_int
 from model import GPT, SIZES, from_config
 from runs import (Dist, FiniteWatch, Throughput, all_reduce_sum, append_log, check_run_folder,
-                  device_batches, fail, init_distributed, log_line, peak_flops, restore,
-                  run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
+                  device_batches, fail, init_distributed, log_line, one_usage_error_under_torchrun,
+                  peak_flops, refuse_oversized_embeddings, restore, run_folder_lock,
+                  save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4) and the measurement settings; more in build_parser().
@@ -126,6 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked and resolved (warmup, device, dtype, compile); bad input ends
     in parser.error: one sentence and exit code 2."""
     parser = build_parser()
+    one_usage_error_under_torchrun(parser)
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = args.steps // WARMUP_SHARE
@@ -156,6 +158,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.text = args.data if all(files) else None  # tokenized into a folder by prepare_data
     args.data = None if args.text else args.data[0]
     resolve_device(args, parser.error)
+    refuse_oversized_embeddings(args, parser.error)
     return args
 
 

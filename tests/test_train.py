@@ -261,6 +261,18 @@ def error_of(argv, capsys):
     return message
 
 
+def test_a_bad_command_line_under_torchrun_is_one_sentence_without_its_banner(markov_data,
+                                                                               tmp_path):
+    """Both processes used to print the sentence, and torchrun then its failure banner."""
+    done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       str(ROOT / "train.py"), *tiny(markov_data, tmp_path, "--batch_size", "3",
+                                                     "--micro_batch", "1")])
+    assert done.stderr.count("train.py: error: --batch_size 3 must be a multiple of "
+                             "--micro_batch × processes = 1 × 2 = 2") == 1
+    assert "Traceback" not in done.stderr and "FAILED" not in done.stderr
+    assert done.returncode == 0 and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("extra, expected", [
     (["--head", "nope"], "invalid choice: 'nope'"),
     (["--size", "1B"], "invalid choice: '1B'"),
@@ -276,6 +288,9 @@ def error_of(argv, capsys):
     (["--vocab_size", "32"], "outside the model's vocabulary of 32"),
     (["--data", "/nonexistent/shards"], "no train shards"),
     (["--device", "toaster"], "--device 'toaster' is not a torch device"),
+    # used to end in the allocator's traceback ("you tried to allocate 256000000000000 bytes")
+    (["--vocab_size", str(10 ** 12)], "--vocab_size 1,000,000,000,000 needs 1.8 PiB for the "
+                                      "embeddings alone"),
 ])
 def test_bad_input_ends_in_one_clear_sentence(markov_data, tmp_path, capsys, extra, expected):
     message = error_of(tiny(markov_data, tmp_path, *extra), capsys)
