@@ -262,6 +262,9 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; make it with "
                                 f"`python sweep.py collect DIR`")
+    if not path.is_file():  # a pipe would block the read forever
+        raise ValueError(f"{path} is not a regular file (a device or a pipe); give a results "
+                         f"CSV made by `python sweep.py collect DIR`")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in columns if c not in (reader.fieldnames or [])]
@@ -281,7 +284,12 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
 
 def _number(text, empty=math.nan):
     """A CSV cell as a float; an empty cell (or a missing column) gives `empty`."""
-    return float(text) if text not in ("", None) else empty
+    if text in ("", None):
+        return empty
+    try:
+        return float(text)
+    except ValueError:  # not Python's "could not convert string to float"
+        raise ValueError(f"expected a number, got {text!r}") from None
 
 
 def boolean(text):
@@ -300,6 +308,8 @@ def _typed_row(raw, l0):
     lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if head in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if head == "soft_cap" else None
+    if row.get("seed") not in (None, "") and not str(row["seed"]).isdigit():
+        raise ValueError(f"seed is {row['seed']}, but it must be an integer >= 0")
     for name in RULES:
         rule = breaks_rule(name, row[name]) if row[name] is not None else None
         if rule:

@@ -311,6 +311,17 @@ def test_table_and_plot_refuse_nonsense_in_a_csv_or_l0(tmp_path, capsys):
                 sweep.main([command, str(bad)])
             assert str(error.value) == (f"sweep {command}: {bad} line 6: {column} is {value}, "
                                         f"but it must be {rule}")
+    # Python's own words used to leak: "could not convert string to float", "invalid literal
+    # for int() with base 10"
+    for column, value, message in (("lr", "fast", "expected a number, got 'fast'"),
+                                   ("seed", "1.5", "seed is 1.5, but it must be an integer >= 0")):
+        with_seed = [f"{header},seed", *(f"{line},0" for line in lines[1:5])]
+        row = first + ["0"]
+        row[(columns + ["seed"]).index(column)] = value
+        bad.write_text("\n".join([*with_seed, ",".join(row)]) + "\n")
+        with pytest.raises(SystemExit) as error:
+            sweep.main(["table", str(bad)])
+        assert str(error.value) == f"sweep table: {bad} line 6: {message}"
     for l0 in ("-1", "nan", "0"):
         with pytest.raises(SystemExit):
             sweep.main(["table", str(REFERENCE), "--l0", l0, "--out", str(tmp_path)])
@@ -321,6 +332,17 @@ def test_table_and_plot_refuse_nonsense_in_a_csv_or_l0(tmp_path, capsys):
                                 f"({tmp_path / 'results.csv'}, made by `python sweep.py collect "
                                 f"{tmp_path}`)")
     assert not list(tmp_path.glob("table.*")) and not list(tmp_path.glob("*.png"))
+
+
+def test_table_of_a_pipe_or_device_is_refused_not_read(tmp_path):
+    """A FIFO used to block `sweep.py table` forever; /dev/null was read as a CSV."""
+    with pytest.raises(SystemExit, match="^sweep table: /dev/null is not a regular file"):
+        sweep.main(["table", "/dev/null"])
+    os.mkfifo(tmp_path / "fifo")
+    done = subprocess.run([sys.executable, str(ROOT / "sweep.py"), "table", "fifo"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("sweep table: fifo is not a regular "
+                                                           "file (a device or a pipe)")
 
 
 def test_dry_run_into_a_closed_pipe_ends_quietly(tmp_path):
