@@ -211,8 +211,8 @@ def result_row(summary_path, root):
 
 def json_object(path):
     """The dict a JSON file holds; anything else is refused in one sentence."""
-    try:
-        value = json.loads(Path(path).read_text())
+    try:  # a pipe or a device would block the read or read as nothing: not a regular file
+        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
     except ValueError:  # not UTF-8, not JSON
         value = None
     if not isinstance(value, dict):

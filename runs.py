@@ -213,8 +213,9 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"it, or choose another --out_dir")
     if not files:
         return True
-    try:
-        recorded = json.loads((out / "config.json").read_text())
+    try:  # not a pipe, whose read would block forever
+        recorded = json.loads((out / "config.json").read_text()) \
+            if (out / "config.json").is_file() else None
     except (OSError, ValueError):
         recorded = None
     if not isinstance(recorded, dict):

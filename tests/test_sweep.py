@@ -334,8 +334,9 @@ def test_table_and_plot_refuse_nonsense_in_a_csv_or_l0(tmp_path, capsys):
     assert not list(tmp_path.glob("table.*")) and not list(tmp_path.glob("*.png"))
 
 
-def test_table_of_a_pipe_or_device_is_refused_not_read(tmp_path):
-    """A FIFO used to block `sweep.py table` forever; /dev/null was read as a CSV."""
+def test_a_pipe_or_device_is_refused_not_read(tmp_path):
+    """A FIFO used to block `sweep.py table` (or a run folder's config.json `sweep.py run`)
+    forever; /dev/null was read as a CSV."""
     with pytest.raises(SystemExit, match="^sweep table: /dev/null is not a regular file"):
         sweep.main(["table", "/dev/null"])
     os.mkfifo(tmp_path / "fifo")
@@ -343,6 +344,14 @@ def test_table_of_a_pipe_or_device_is_refused_not_read(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr.startswith("sweep table: fifo is not a regular "
                                                            "file (a device or a pipe)")
+    run = tmp_path / "sweep" / "tiny_baseline_lr0.001_tie0"  # a run whose config.json is a pipe
+    run.mkdir(parents=True)
+    os.mkfifo(run / "config.json")
+    done = subprocess.run([sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "custom",
+                           "--sizes", "tiny", "--heads", "baseline", "--lrs", "1e-3", "--out",
+                           str(run.parent), "--dry_run"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "tie0: a config.json that is not a JSON object)" in done.stderr
 
 
 def test_dry_run_into_a_closed_pipe_ends_quietly(tmp_path):

@@ -486,6 +486,17 @@ def test_resume_where_a_run_file_is_a_folder_is_one_sentence(markov_data, tmp_pa
         and "\n" not in message
 
 
+def test_resume_where_config_json_is_a_pipe_is_refused_not_read(markov_data, tmp_path):
+    """Reading it used to block --resume forever."""
+    os.mkfifo(tmp_path / "config.json")
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"),
+                           *tiny(markov_data, tmp_path, "--resume")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == (
+        f"train.py: error: {tmp_path} holds config.json but no config.json of train.py, so it is "
+        f"not a run to resume; choose another --out_dir\n")
+
+
 @pytest.mark.parametrize("out_dir, expected", [("file", "is a file; give a folder"),
                                                ("file/run", "(Not a directory)")])
 def test_an_out_dir_that_cannot_be_a_folder_is_one_sentence(markov_data, tmp_path, capsys,
