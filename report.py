@@ -238,8 +238,11 @@ def results_csv(run_root):
 def read_log(run_dir):
     """The records of a run's log.jsonl, in step order."""
     path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
+    if not path.is_file():  # /dev/null or a pipe: there, but not a log
+        raise ValueError(f"{path} is not a regular file (a device or a pipe); give run folders "
+                         f"written by train.py")
     try:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except ValueError:

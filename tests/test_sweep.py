@@ -352,6 +352,10 @@ def test_a_pipe_or_device_is_refused_not_read(tmp_path):
                            str(run.parent), "--dry_run"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and "tie0: a config.json that is not a JSON object)" in done.stderr
+    os.symlink("/dev/null", run / "log.jsonl")  # was "… log.jsonl does not exist"
+    with pytest.raises(SystemExit, match=f"^sweep curves: {run / 'log.jsonl'} is not a regular "
+                                         f"file \\(a device or a pipe\\)"):
+        sweep.main(["curves", str(run), "--out", str(tmp_path / "fig")])
 
 
 def test_dry_run_into_a_closed_pipe_ends_quietly(tmp_path):
