@@ -280,6 +280,35 @@ def cases(fx):
              setup=lambda w: os.mkfifo(w / "fifo"), timeout=20,
              check=not_mentioning("does not exist")))
     add(Case("sweep table on /dev/null", "robust", ["sweep.py", "table", "/dev/null"],
+             check=mentioning("not a regular file")))
+
+    def bad_cell(column, value):
+        def setup(work):
+            rows = ["size,lr,head,lam,tie,test_loss,train_time_s,seed",
+                    "16M,3e-04,baseline,,false,3.9,10,0", "16M,1e-03,baseline,,false,3.8,10,0"]
+            rows[2] = rows[2].replace({"lr": "1e-03", "seed": ",0"}[column],
+                                      {"lr": value, "seed": f",{value}"}[column])
+            (work / "r.csv").write_text("\n".join(rows) + "\n")
+        return setup
+    add(Case("sweep table, a cell 'fast' for lr", "robust", ["sweep.py", "table", "r.csv"],
+             setup=bad_cell("lr", "fast"), check=not_mentioning("could not convert")))
+    add(Case("sweep table, a seed '1.5'", "robust", ["sweep.py", "table", "r.csv"],
+             setup=bad_cell("seed", "1.5"), check=not_mentioning("invalid literal")))
+
+    def config_fifo(work):
+        folder = work / "sw" / "tiny_baseline_lr0.001_tie0"
+        folder.mkdir(parents=True)
+        os.mkfifo(folder / "config.json")
+    add(Case("sweep run, a run folder whose config.json is a FIFO", "robust",
+             ["sweep.py", "run", "--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3",
+              "--heads", "baseline", "--out", "sw", "--dry_run"], setup=config_fifo, timeout=20))
+    add(Case("train.py --resume, config.json a FIFO", "robust",
+             [*train_small, "--out_dir", "run", "--resume"],
+             setup=lambda w: ((w / "run").mkdir(), os.mkfifo(w / "run" / "config.json")),
+             timeout=20))
+    add(Case("sweep curves, log.jsonl is /dev/null", "robust",
+             ["sweep.py", "curves", "r", "--out", "fig"],
+             setup=lambda w: ((w / "r").mkdir(), os.symlink("/dev/null", w / "r" / "log.jsonl")),
              check=not_mentioning("does not exist")))
 
     # ---- robust: run folder, full disk ------------------------------------------------------
@@ -346,7 +375,8 @@ def cases(fx):
             change(fx.copy_run(work))
         return setup
     add(Case("analyze.py logits, ckpt.pt a directory", "robust",
-             ["analyze.py", "logits", "--run", "run", "--tokens", "64"], setup=run_with(ckpt_dir)))
+             ["analyze.py", "logits", "--run", "run", "--tokens", "64"], setup=run_with(ckpt_dir),
+             check=mentioning("ckpt.pt is not a file")))
 
     def config_seq_len_text(folder):
         config = json.loads((folder / "config.json").read_text())
@@ -397,12 +427,18 @@ def cases(fx):
     synthetic = ["prepare.py", "synthetic", "--task", "repeat", "--vocab", "16", "--tokens"]
     add(Case("prepare.py synthetic --out ''", "data", [*synthetic, "4000", "--out", ""],
              silent=lambda r, w: "shards written into the current folder"
-             if list(w.glob("*.bin")) else None))
+             if list(w.glob("*.bin")) else None, check=mentioning("--out")))
     add(Case("prepare.py synthetic --tokens 10**13", "data",
              [*synthetic, str(10 ** 13), "--out", "syn"], check=mentioning(r"[0-9.]+ ?[TGPE]i?B")))
     add(Case("prepare.py text on a one-character file", "data",
              ["prepare.py", "text", "one.txt", "--out", "one"],
              setup=lambda w: (w / "one.txt").write_text("a")))
+    race = (f"for i in 1 2; do {shquote(sys.executable)} {shquote(fx.root / 'prepare.py')} text "
+            f"{shquote(TEXT)} --out same > out$i.txt 2>&1 & done; wait; cat out1.txt out2.txt")
+    add(Case("two prepare.py text into one folder at once", "data", ["bash", "-c", race],
+             want="OK", check=lambda r, w: "a process is told in raw words: " + next(
+                 line for line in r.out.splitlines() if "[Errno" in line)
+             if "[Errno" in r.out else None))
     add(Case("prepare.py text /dev/null", "data", ["prepare.py", "text", "/dev/null", "--out",
                                                    "x"], check=not_mentioning("does not exist")))
 
