@@ -124,6 +124,8 @@ def classify(case, result, work):
         kind, problems = "SILENT", problems + [f"hung; killed after {case.timeout} s"]
     elif silent:
         kind, problems = "SILENT", problems + [silent]
+    elif result.rc == 0 and case.want == "SENTENCE" and ": error: " in last_line(result.out):
+        kind = "SENTENCE"  # refused in words with exit 0: train.py under torchrun (runs.py)
     elif result.rc == 0:
         kind = "OK" if case.want == "OK" else "SILENT"
     elif not result.out.strip():
