@@ -34,7 +34,9 @@ import torch
 import data
 import heads
 import model
+import store
 import theorem4
+from store import positive_int
 
 DEFAULTS = dict(
     tokens=512,          # hidden states per measurement (N) of verify and logits
@@ -292,7 +294,8 @@ def token_batches(cfg: dict, args, n_tokens: int, vocab_size: int):
     seq_len = args.seq_len or int(cfg["seq_len"])
     data_dir = args.data or cfg.get("data")
     per_batch = args.batch_size * seq_len
-    if data_dir:  # the folder's own faults (half-written, not shards) in its own words
+    if data_dir:
+        store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
         loader = data.ShardLoader(data_dir, args.batch_size, seq_len, split="val")
         held = sum((n - 1) // per_batch for n in loader.lengths) * per_batch  # as val_batches
         if n_tokens > held:
@@ -454,8 +457,10 @@ def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tens
 
 
 def run_logits(args) -> dict:
-    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, B_ratio, Fig. 1 (right), and
-    what the head's matmul in --dtype loses (heads.precision_stat_sums, as train.py logs it).
+    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, the mean hidden state's
+    alignment with μ (h_mu_proj = h̄·μ̂ = l̄/‖μ‖, h_mu_cos = cos(h̄, μ), as train.py logs them),
+    B_ratio, Fig. 1 (right), and what the head's matmul in --dtype loses
+    (heads.precision_stat_sums, as train.py logs it).
 
     The model runs in --dtype as train.py runs it; the paper's statistics are computed in
     float64 from its hidden states, the precision metrics compare the head's matmul in --dtype
@@ -471,13 +476,16 @@ def run_logits(args) -> dict:
         precision += heads.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
                                                targets[rows], dtype).cpu()
     bounds = theorem4_bounds(W)
+    h_mean, mu = H.double().mean(0), W.mean(0)
+    h_mu_proj = (h_mean @ mu / mu.norm()).item() if mu.norm() > 0 else 0.0  # l̄/‖μ‖ = h̄·μ̂
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
-                  dtype=args.dtype,
+                  dtype=args.dtype, h_mu_proj=h_mu_proj,
+                  h_mu_cos=h_mu_proj / h_mean.norm().item() if h_mean.norm() > 0 else 0.0,
                   **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
                   **dict(zip(heads.PRECISION_STATS, (precision[:-1] / precision[-1]).tolist())),
                   **bounds)
-    names = (*heads.LOGIT_STATS, "mu_norm", "mu_sq", "B_minus", "B_plus", "B_ratio",
-             *heads.PRECISION_STATS)
+    names = (*heads.LOGIT_STATS, "mu_norm", "h_mu_proj", "h_mu_cos", "mu_sq", "B_minus",
+             "B_plus", "B_ratio", *heads.PRECISION_STATS)
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
                 f"{len(H)} tokens; prec_*: the head's matmul in {args.dtype} against float64")
@@ -546,12 +554,12 @@ def print_table(rows, columns, title: str) -> None:
 
 
 def write_file(path: str, content: bytes) -> None:
-    """Write content to path as a unit (data.write_atomic: unique temporary file, fsync,
-    rename). A directory, a full disk or any other failure: one sentence (data.WriteError)."""
+    """Write content to path as a unit (store.write_atomic: unique temporary file, fsync,
+    rename). A directory, a full disk or any other failure: one sentence (store.WriteError)."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
-    data.write_atomic(data.make_folder(target.parent) / target.name, content)
+    store.write_atomic(store.make_folder(target.parent) / target.name, content)
 
 
 def write_json(path: str, result: dict) -> None:
@@ -604,7 +612,6 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 # ── CLI ───────────────────────────────────────────────────────────────────────────────────────
 
-positive_int = data.positive_int  # '1.5' is not a number; give an integer > 0
 OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
 
@@ -624,7 +631,7 @@ def offset(text: str) -> float:
 
 def seed(text: str) -> int:
     """A seed of torch.manual_seed: an integer from 0 to 2⁶⁴ − 1."""
-    value = data.non_negative_int(text)
+    value = store.non_negative_int(text)
     if value >= 2 ** 64:
         raise argparse.ArgumentTypeError(f"{text} is too large; give an integer from 0 to "
                                          f"2^64 − 1")
@@ -720,7 +727,7 @@ def execute(args, commands: dict, program: str) -> dict:
         if args.json:
             write_json(args.json, result)
             print(f"wrote {args.json}")
-    except (FileNotFoundError, ValueError, data.WriteError) as err:
+    except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result
 

@@ -50,12 +50,14 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
     """head(h, weight, targets) computed chunk by chunk: same (loss, stats), same gradients.
 
     Soft-capping and z-loss live inside the chunk loop; μ-loss adds λ·μ·μ afterwards, touching
-    the V × D matrix once; μ-centering changes nothing in the loss. torch_op: None uses torch's
+    the V × D matrix once; μ-centering changes nothing in the loss. The matmul runs in
+    head.matmul_dtype where the head has one (a float32 head under bf16), else as autocast
+    says, as on the plain path. torch_op: None uses torch's
     op where it can (TORCH_OP); False forces this file's own loop (bench.py compares the two)."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
     h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
-    matmul_dtype = _matmul_dtype(h, weight)
+    matmul_dtype = head.matmul_dtype or _matmul_dtype(h, weight)
     # Decided here: inside Function.forward grad mode is off and ctx.needs_input_grad is True
     # even under torch.no_grad(), so the Function would do a backward's work during evaluation.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
@@ -112,10 +114,13 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         ∂L/∂H = G·W          (a_r = W·h_r is linear in h_r)
         ∂L/∂W = Σ_chunks Gᵀ·H (accumulated in float32 across chunks)
 
-    The cap goes through the sigmoid, tanh(x) = 2σ(2x) − 1, because torch's CPU sigmoid is ~5×
-    faster than its tanh (measured), and 1 − tanh²(x) = 4σ(2x)(1 − σ(2x)). In float32 this
-    tanh is off by up to ~2·10⁻⁷ (torch.tanh: ~5·10⁻⁸), so a capped logit by ~c·2·10⁻⁷; the
-    loss stays as close to float64 as the plain path's (bench.py --loss_tokens prints both).
+    The cap goes through the sigmoid, tanh(x) = 2σ(2x) − 1 and 1 − tanh²(x) = 4σ(2x)(1 − σ(2x)),
+    because torch's CPU tanh_ can be far slower: ~16× sigmoid_'s time on this project's machine
+    (1 thread, AVX512 kernels; results/sigmoid_vs_tanh.txt, by scripts/sigmoid_vs_tanh.py),
+    though a review on another CPU measured 0.4–0.9×: the speed is the CPU's, the loss is not.
+    In float32 this tanh is off by up to ~2·10⁻⁷ (torch.tanh: ~5·10⁻⁸), so a capped logit by
+    ~c·2·10⁻⁷; the loss stays as close to float64 as the plain path's (bench.py --loss_tokens
+    prints both).
     """
 
     @staticmethod

@@ -25,6 +25,7 @@ import data
 import heads
 import model
 import prepare
+import store
 from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_models, save_figure
 
 DEFAULTS = dict(
@@ -134,6 +135,7 @@ def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
 
 def training_tokens(data_dir: str, n_tokens: int) -> np.ndarray:
     """The first n_tokens of the training shards (fewer if the shards hold fewer), as int64."""
+    store.check_dataset(data_dir)             # a half-written or mixed folder: one sentence
     parts, n = [], 0
     for path in data.shard_paths(data_dir, "train"):
         parts.append(np.asarray(data.read_shard(path)[: n_tokens - n], dtype=np.int64))
@@ -429,7 +431,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     trivial.add_argument("--steps", type=positive_int, default=DEFAULTS["trivial_steps"])
     trivial.add_argument("--seq_len", type=positive_int, default=DEFAULTS["trivial_seq_len"])
     trivial.add_argument("--batch_size", type=positive_int, default=DEFAULTS["trivial_batch"])
-    trivial.add_argument("--seqs_per_token", type=data.non_negative_float, default=0.0,
+    trivial.add_argument("--seqs_per_token", type=store.non_negative_float, default=0.0,
                          help="train each V for at least S·V/batch steps (equal exposure)")
     trivial.add_argument("--trivial_tokens", type=positive_int, default=DEFAULTS["trivial_tokens"])
     trivial.add_argument("--train_args", nargs=argparse.REMAINDER, default=[],

@@ -24,9 +24,14 @@ Variants (`HEADS`; each class carries its hyperparameters and their defaults):
     mu_center  loss = CE; after each optimizer step eᵢ ← eᵢ − μ
 
 Numerics: the matmul may run in bf16 (autocast, or bf16 inputs); softmax, log Z, CE and the
-regularisers run in float32 (float64 stays float64). CE is the mean over tokens whose target is
-not -1 (IGNORE), 0 over no tokens (no NaN); ids are not checked here (that needs a device sync).
-`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path.
+regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=torch.float32)`
+runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
+head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
+tokens (no NaN); ids are not checked here (that needs a device sync).
+`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path:
+train.py sets it by default on CPU (64 tokens a chunk, ~1.7× faster there), so `forward` below
+is the reference that runs on CUDA and with --loss_chunk 0, and the chunked path is tested
+against it (tests/test_fused_loss.py).
 """
 import math
 
@@ -67,9 +72,10 @@ class Head(nn.Module):
     uses_log_z = False  # whether regulariser() needs log Z per token
     loss_path = None    # None: forward's plain path; else f(head, h, weight, targets), same result
 
-    def __init__(self, cap=None, lam=None):
+    def __init__(self, cap=None, lam=None, matmul_dtype=None):
         super().__init__()
         self.cap, self.lam = cap, lam
+        self.matmul_dtype = matmul_dtype  # None: autocast's (or the inputs') dtype
 
     def extra_repr(self):
         return ", ".join(f"{k}={getattr(self, k)}" for k in self.hparams)
@@ -83,7 +89,11 @@ class Head(nn.Module):
 
     def logits(self, h, weight):
         """Logits over the whole vocabulary, (..., V), upcast to at least float32."""
-        logits = F.linear(h, weight)
+        if self.matmul_dtype is None:
+            logits = F.linear(h, weight)
+        else:  # autocast off: the product and its backward run in matmul_dtype
+            with torch.autocast(h.device.type, enabled=False):
+                logits = F.linear(h.to(self.matmul_dtype), weight.to(self.matmul_dtype))
         return self.cap_logits(logits.to(compute_dtype(logits.dtype)))
 
     def forward(self, h, weight, targets):
@@ -186,35 +196,35 @@ HEADS = tuple(_REGISTRY)
 DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()}  # cap, lam
 
 
-def build(name, **hparams):
-    """The head called `name` (one of HEADS) with hyperparameters `cap` (soft_cap) or `lam`
-    (z_loss, mu_loss); a value of None means the default. A hyperparameter the head does not
-    use is accepted only as None (so a CLI can pass lam=None, cap=None)."""
-    if name not in _REGISTRY:
+def build(name, matmul_dtype=None, **hparams):
+    """The head called `name` (one of HEADS) with `cap` (soft_cap: finite, > 0) or `lam`
+    (z_loss, mu_loss: finite, ≥ 0); None means the default and is the only value allowed for a
+    hyperparameter the head does not use (so a CLI can pass lam=None, cap=None). matmul_dtype:
+    None (the matmul runs as autocast says) or a dtype it always runs in, e.g. torch.float32."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
         raise ValueError(f"unknown head {name!r}; choose one of {', '.join(HEADS)}.")
-    cls = _REGISTRY[name]
     for key, value in hparams.items():
-        if key not in DEFAULTS:
-            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are {', '.join(DEFAULTS)}"
-                             " (cap for soft_cap, lam for z_loss and mu_loss).")
+        users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
+        if not users:
+            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are cap, lam.")
         if value is not None and key not in cls.hparams:
-            users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
             raise ValueError(f"head {name!r} does not use {key}={value!r}; {key} applies to "
-                             f"{users} only (leave it unset or None for {name}).")
-    return cls(**{key: default if hparams.get(key) is None else _checked(name, key, hparams[key])
-                  for key, default in cls.hparams.items()})
+                             f"{users} only.")
+    return cls(**{key: default if hparams.get(key) is None else _checked(key, hparams[key])
+                  for key, default in cls.hparams.items()}, matmul_dtype=matmul_dtype)
 
 
-def _checked(name, key, value):
-    """The hyperparameter as a float, or ValueError saying what is wrong and what is valid."""
+def _checked(key, value):
+    """value as a float that is finite and ≥ 0 (> 0 for cap), else one sentence with the rule."""
     rule = "a finite number > 0" if key == "cap" else "a finite number >= 0"
     try:
-        value = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: {key}={value!r} is not a number; give {rule}.") from None
-    if not math.isfinite(value) or value < 0 or (key == "cap" and value == 0):
-        raise ValueError(f"{name}: {key}={value!r} is invalid; give {rule}.")
-    return value
+        raise ValueError(f"{key}={value!r} is not a number; give {rule}.") from None
+    if not (0 <= number < math.inf) or (key == "cap" and number == 0):
+        raise ValueError(f"{key}={number!r} is invalid; give {rule}.")
+    return number
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,12 +255,16 @@ def precision_stat_sums(head, h, weight, targets, dtype):
     followed by the token count. With l⁰ = W·h exact (float64 products of the float32 inputs),
     lᶜ = ⌊W⌋·⌊h⌋ (inputs rounded to `dtype`, exact products), lʳ = ⌊⌊W⌋·⌊h⌋⌋ (the matmul the
     head runs, its result rounded too) and σ = std over i of l⁰ᵢ:
-        prec_err_cast  = rms_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: a row eᵢ = μ + (eᵢ − μ) is stored
-                         at a spacing set by its largest coordinates, so a large μ drowns eᵢ − μ
-        prec_err_round = rms_i(lʳᵢ − lᶜᵢ)/σ   result rounding: bf16 keeps 8 significant bits, so
-                         a large common offset l̄ = μ·h (Lemma 1) is stored coarsely
+        prec_err_cast  = std_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: bf16 keeps 8 significant bits of
+                         each coordinate, so a row eᵢ = μ + (eᵢ − μ) with a large μ keeps few
+                         bits of its own part eᵢ − μ, and h rounds likewise
+        prec_err_round = std_i(lʳᵢ − lᶜᵢ)/σ   result rounding: each logit keeps 8 bits at its own
+                         magnitude, so a large common offset l̄ = μ·h (Lemma 1) rounds coarsely
         prec_ce_gap    = CE(lʳ) − CE(l⁰)      what the loss pays for both (through the cap)
-    ~1e-7 in float32, ~1e-3 in bf16 for a well-centred head; μ = 0 removes the shift's part."""
+    std over i, not rms: the part of an error common to all V logits of a token shifts them
+    together, which softmax and the loss cannot see (heads' Prop. 3 (iii)); what is left is
+    what they can. Measured: ~5e-7 in float32, ~2e-3 to 1e-2 in bf16 for a trained head with
+    l̄ of a few units; μ = 0 removes the common offset's part of the rounding."""
     f64 = torch.float64
     exact = h.float().to(f64) @ weight.float().to(f64).t()
     h_low, w_low = h.float().to(dtype), weight.float().to(dtype)
@@ -263,11 +277,11 @@ def precision_stat_sums(head, h, weight, targets, dtype):
         logits = head.cap_logits(logits)
         return torch.logsumexp(logits, dim=-1) - logits.gather(-1, target_col).squeeze(-1)
 
-    def rms(diff):
-        return diff.square().mean(dim=-1).sqrt() / sigma
+    def visible(error):  # the error's spread over the V logits of each token, over σ
+        return error.std(dim=-1, correction=0) / sigma
 
-    per_token = torch.stack((token_ce(rounded) - token_ce(exact), rms(cast - exact),
-                             rms(rounded - cast)))
+    per_token = torch.stack((token_ce(rounded) - token_ce(exact), visible(cast - exact),
+                             visible(rounded - cast)))
     sums = torch.where(keep, per_token, 0.0).sum(dim=1)
     return torch.cat((sums, keep.sum().to(f64).unsqueeze(0)))
 
@@ -289,20 +303,8 @@ def b_ratio(weight):
     """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0).
 
     Since e*ᵢ·μ = eᵢ·μ − ‖μ‖² ∈ [−B₋, B₊] (Eq. 24), B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26):
-    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) claims this for every h; as
-    stated it is false both ways. Smallest counterexamples (V = 3, D = 2; none exist for V = 2
-    or D = 1):
-      ⇒  E₂ = [[−1,0],[−1,0],[0,−1]]: B_ratio = 1/3, yet h = (−1,1) gives l = (1,1,−1) and
-          l* = (2/3,2/3,−4/3): max|l*| = 4/3 > 1 = max|l|.
-      ⇐  E₃ = [[−1,−1],[−1,1],[1,0]]: B_ratio = 4/3, yet h = (1,1) gives l = (−2,0,1) and
-          l* = (−5/3,1/3,4/3): max|l*| = 5/3 < 2 = max|l|.
-    The proof (App. B) breaks at Eq. 32 (a max of sums taken as the sum of maxes), Eq. 34 (row
-    norms can grow although B_ratio ≤ 1) and Eq. 35 (Lemma 2's bound taken for the logit).
-    For every h, l*ᵢ = lᵢ − l̄, so max|l*| ≤ max l − min l, and the mean square logit and row
-    norm drop by l̄² and ‖μ‖². So B_ratio ≤ 1 (App. C) says centering shrinks the logit range
-    along μ, not for every token. How often a random h gets a larger max|l*| grows with B_ratio
-    (theorem4.b_ratio_scan's random matrices: ~3% below 0.1, ~6% at 0.1–0.2, ~40% at 0.7–1).
-    theorem4.py checks each step: `python analyze.py verify [--exhaustive] [--b_ratio_scan]`.
+    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) states it for any h: exact
+    for h ∥ μ only; for other h either direction can fail (theorem4.py: the verdict, the proof).
     """
     b_minus, b_plus, mu_sq = b_bounds(weight)
     if mu_sq == 0:

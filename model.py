@@ -66,13 +66,7 @@ class GPTConfig:
     tie: bool = False        # share the input and output embedding (one tensor)
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if self.n_embd % (4 * self.n_head):
-            raise ValueError(f"n_embd={self.n_embd} must be a multiple of 4·n_head={4 * self.n_head} "
-                             "so that RoPE can turn pairs within half of each head's dimensions.")
+        _check_config(self)  # one sentence for a field that builds no model (end of file)
 
     @property
     def head_dim(self) -> int:
@@ -84,8 +78,7 @@ def config_for(size: str, **overrides) -> GPTConfig:
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}.")
     valid = {f.name for f in fields(GPTConfig)}
-    unknown = sorted(set(overrides) - valid)
-    if unknown:
+    if unknown := sorted(set(overrides) - valid):
         raise ValueError(f"unknown GPTConfig field(s) {', '.join(unknown)}; "
                          f"valid ones are {', '.join(sorted(valid))}.")
     return GPTConfig(**{**SIZES[size], **overrides})
@@ -170,7 +163,6 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.head = head  # no parameters: logits, loss and after_step live in heads.py
-        self.check_token_ids = True  # see _check_tokens
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
@@ -203,7 +195,7 @@ class GPT(nn.Module):
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """The final hidden state h (B, T, D), after the final LayerNorm."""
-        self._check_tokens(idx)
+        _check_tokens(idx, self.config)
         T = idx.size(1)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         x = self.wte(idx)
@@ -217,23 +209,6 @@ class GPT(nn.Module):
         if targets is None:
             return self.head.logits(h, self.output_weight)
         return self.head(h, self.output_weight, targets)
-
-    def _check_tokens(self, idx: torch.Tensor) -> None:
-        if idx.dim() != 2 or idx.numel() == 0:
-            raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
-                             f"got shape {tuple(idx.shape)}.")
-        T, block_size = idx.size(1), self.config.block_size
-        if T > block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {block_size}; pass at most "
-                             f"{block_size} tokens or build the model with a larger block_size.")
-        # One min/max reduction and one host sync, which would stall a GPU on every step, and a
-        # data-dependent branch, which would break a torch.compile graph: so a caller whose data
-        # is already checked (train.py runs data.py's check_vocab) sets check_token_ids = False.
-        if self.check_token_ids and not torch.compiler.is_compiling():
-            lo, hi = torch.stack(idx.aminmax()).tolist()
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}) but range "
-                                 f"from {lo} to {hi}; check the tokenizer against vocab_size.")
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters counted once each; non_embedding leaves out the input embedding (the size
@@ -265,7 +240,8 @@ class GPT(nn.Module):
 
 def from_config(config: dict) -> GPT:
     """The untrained GPT that a run's settings describe (a dict with train.py's option names:
-    size, and optionally vocab_size, tie, seq_len, head, lam, cap; other keys are ignored).
+    size, and optionally vocab_size, tie, seq_len, head, lam, cap, head_dtype; other keys are
+    ignored). head_dtype "float32" gives the head a float32 matmul under any autocast.
 
     block_size is max(2048, seq_len): RoPE tables are cheap and kept out of the state_dict, so
     the model also takes sequences longer than the run's own. The weights come from torch's
@@ -279,8 +255,9 @@ def from_config(config: dict) -> GPT:
         raise ValueError(f"seq_len must be an integer, got {seq_len!r}.")
     gpt_config = config_for(config["size"], vocab_size=config.get("vocab_size", 50304),
                             tie=bool(config.get("tie", False)), block_size=max(2048, seq_len))
+    matmul_dtype = torch.float32 if config.get("head_dtype") == "float32" else None
     head = heads.build(config.get("head", "baseline"), lam=config.get("lam"),
-                       cap=config.get("cap"))
+                       cap=config.get("cap"), matmul_dtype=matmul_dtype)
     return GPT(gpt_config, head)
 
 
@@ -311,3 +288,35 @@ def load_checkpoint(path, map_location="cpu") -> dict:
                          f"{type(ckpt.get('config')).__name__}, not a dict of train.py's "
                          f"options), so the model it holds cannot be rebuilt.")
     return ckpt
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one sentence instead of a shape error deep inside a layer
+
+def _check_config(config: GPTConfig) -> None:
+    for name in ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "block_size"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    if config.n_embd % (4 * config.n_head):
+        raise ValueError(f"n_embd={config.n_embd} must be a multiple of 4·n_head="
+                         f"{4 * config.n_head} so that RoPE can turn pairs within half of each "
+                         f"head's dimensions.")
+
+
+def _check_tokens(idx: torch.Tensor, config: GPTConfig) -> None:
+    """Shape and length always; the id range on CPU only: on an accelerator it would cost a
+    host sync every step and break a torch.compile graph (train.py checks its shards' ids once,
+    data.ShardLoader.check_vocab; out-of-range ids there end in a device-side assert)."""
+    if idx.dim() != 2 or idx.numel() == 0:
+        raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
+                         f"got shape {tuple(idx.shape)}.")
+    if idx.size(1) > config.block_size:
+        raise ValueError(f"sequence length {idx.size(1)} exceeds block_size "
+                         f"{config.block_size}; pass at most {config.block_size} tokens or "
+                         f"build the model with a larger block_size.")
+    if idx.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = torch.stack(idx.aminmax()).tolist()
+        if lo < 0 or hi >= config.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {config.vocab_size}) but range from {lo} "
+                             f"to {hi}; check the tokenizer against vocab_size.")

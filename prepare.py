@@ -1,7 +1,7 @@
 """Making token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
 
 Every source ends as a dataset folder in data.py's format (llm.c shards plus a manifest,
-written as a unit by `data.write_dataset`), so train.py reads them all alike
+written as a unit by `store.write_dataset`), so train.py reads them all alike
 (`python prepare.py --help`):
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
@@ -16,7 +16,7 @@ written as a unit by `data.write_dataset`), so train.py reads them all alike
 - synthetic: `repeat` (sequences of one repeated token) and `markov` (a random first-order
   chain whose entropy rate, the best reachable loss, is known and stored with it).
 
-It imports data.py and nothing else of its project (tiktoken only when text is tokenized).
+It imports data.py and store.py, nothing else of its project (tiktoken only to tokenize text).
 """
 import argparse
 import hashlib
@@ -27,6 +27,7 @@ import math
 import multiprocessing
 import os
 import re
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -36,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 import data
-from data import fraction, non_negative_int, positive_int
+import store
+from store import fraction, non_negative_int, positive_int
 
 # ----------------------------------------------------------------------------- defaults
 FINEWEB_DATASETS = {                  # name -> (Hugging Face dataset, train shards it holds)
@@ -62,9 +64,10 @@ def _split_train_val(tokens, val_fraction, align=1):
     if not 0 < val_fraction < 1:
         raise ValueError(f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}")
     n_val = -(-int(np.ceil(val_fraction * len(tokens))) // align) * align
-    if n_val >= len(tokens):
-        raise ValueError(f"{len(tokens)} tokens are too few to split into train and val "
-                         f"with --val_fraction {val_fraction}; provide more data")
+    if min(n_val, len(tokens) - n_val) < 2:           # the loader's least: one input, one target
+        raise ValueError(f"{len(tokens)} tokens are too few to split into train and val of at "
+                         f"least 2 tokens each with --val_fraction {val_fraction}; provide "
+                         f"more data")
     return {"train": tokens[:-n_val], "val": tokens[-n_val:]}
 
 
@@ -172,17 +175,17 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
     texts = read_texts(files)
     key = _text_key(texts, val_fraction)
     folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
-    if not (folder / data.MANIFEST).exists():  # new, or another run is writing it now
+    if not (folder / store.MANIFEST).exists():  # new, or another run is writing it now
         try:
             _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
         except FileExistsError:
             pass                               # a concurrent run wrote the same folder
-    recorded = (data.read_manifest(folder) or {}).get("source", {}).get("key")
+    recorded = (store.read_manifest(folder) or {}).get("source", {}).get("key")
     if recorded != key:
         raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
                          f"{', '.join(map(str, files))} (its manifest records other text); "
                          f"delete {folder} and run again")
-    data.check_dataset(folder)
+    store.check_dataset(folder)
     return folder
 
 
@@ -198,8 +201,8 @@ def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=Tr
     seconds = time.perf_counter() - t0
     source = {"kind": "text", "files": [str(f) for f in files], "tokenizer": "gpt2",
               "val_fraction": val_fraction, "key": _text_key(texts, val_fraction)}
-    written = data.write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
-                                 replace=replace)
+    written = store.write_dataset(out_dir, "text", _split_train_val(tokens, val_fraction), source,
+                                  replace=replace)
     print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
           f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
     return written
@@ -224,7 +227,7 @@ def synthesize_repeat(vocab, n_tokens, seq_len, seed):
     choices = np.arange(vocab)
     choices = choices[choices != data.EOT]
     firsts = _synthetic_rng(seed, 1).choice(choices, size=n_tokens // seq_len)
-    return np.repeat(firsts, seq_len).astype(np.uint16)
+    return np.repeat(firsts.astype(np.uint16), seq_len)      # 2 bytes per token, no more
 
 
 def markov_transition(vocab, seed):
@@ -290,6 +293,7 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
         raise ValueError(f"--tokens ({n_tokens}) must hold at least two sequences of "
                          f"--seq_len ({seq_len}) tokens")
     n_tokens -= n_tokens % seq_len                        # whole sequences only
+    _refuse_too_large(n_tokens, out_dir)
     extras = {}
     if task == "repeat":
         tokens = synthesize_repeat(vocab, n_tokens, seq_len, seed)
@@ -305,10 +309,25 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
               "val_fraction": val_fraction}
     splits = _split_train_val(tokens, val_fraction, align=seq_len)
-    written = data.write_dataset(out_dir, task, splits, source, extras)
+    written = store.write_dataset(out_dir, task, splits, source, extras)
     print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
           f"wrote {', '.join(map(str, written))}")
     return written
+
+
+def _refuse_too_large(n_tokens, out_dir):
+    """One sentence instead of a MemoryError: the tokens are held in memory as uint16 (2 bytes
+    each) and written to disk once, at 2 bytes each."""
+    need = 2 * n_tokens
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    disk = Path(out_dir).resolve()
+    while not disk.exists():
+        disk = disk.parent
+    free = shutil.disk_usage(disk).free
+    if need > memory or need > free:
+        raise ValueError(f"--tokens {n_tokens:,} needs about {need / 2**30:,.1f} GiB of memory "
+                         f"and as much disk, but this machine has {memory / 2**30:,.1f} GiB of "
+                         f"memory and {free / 2**30:,.1f} GiB free on {disk}; ask for fewer")
 
 
 def _npy_bytes(array):
@@ -353,10 +372,10 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
                          f"not {train_shards}")
-    folder = data.make_folder(folder)
-    data.refuse_foreign_shards(folder, "fineweb")
+    folder = store.make_folder(folder)
+    store.refuse_foreign_shards(folder, "fineweb")
     names = fineweb_shard_names(train_shards)
-    recorded = (data.read_manifest(folder) or {}).get("files", {})
+    recorded = (store.read_manifest(folder) or {}).get("files", {})
     source = {"kind": "fineweb", "dataset": dataset}
     for k, name in enumerate(names, 1):
         path, label = folder / name, f"[{k}/{len(names)}] {name}"
@@ -365,11 +384,11 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
             continue
         if path.is_file() and entry is None and _valid_shard(path):
             print(f"{label}: already here, recorded in the manifest")
-            data.write_manifest(folder, source)
+            store.write_manifest(folder, source)
         else:
             digest = download_shard(f"{url}/{name}", path, label=label)
             entry = {"bytes": path.stat().st_size, "sha256": digest}
-            data.write_manifest(folder, source, known={name: entry})
+            store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
     return [folder / name for name in names]
@@ -399,7 +418,7 @@ def download_shard(url, path, label=""):
         have = _size(part)
         try:
             total, announced = _transfer(url, part, have, label)
-        except data.WriteError:
+        except store.WriteError:
             raise
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             if _size(part) == have or attempt == DOWNLOAD_RETRIES:
@@ -412,7 +431,7 @@ def download_shard(url, path, label=""):
         raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
                            f"to resume it from {part}")
     try:
-        n, digest = data.shard_length(part), data.sha256_file(part)
+        n, digest = data.shard_length(part), store.sha256_file(part)
         if total is not None and _size(part) != total:
             raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
         if expected and digest != expected:
@@ -421,7 +440,7 @@ def download_shard(url, path, label=""):
         part.unlink()
         raise ValueError(f"the download of {url} is corrupt and was deleted ({err}); "
                          f"run the command again, or check --base_url") from None
-    data.rename(part, path)
+    store.rename(part, path)
     print(f"{label}: {n:,} tokens ok")
     return digest
 
@@ -463,9 +482,9 @@ def _transfer(url, part, have, label):
         done = have if resumed else 0
         t0, last, start = time.perf_counter(), 0.0, done
         try:
-            f = data.WatchedFile(part, "ab" if resumed else "wb")
+            f = store.WatchedFile(part, "ab" if resumed else "wb")
         except OSError as err:
-            raise data.write_error(err, part) from None
+            raise store.write_error(err, part) from None
         with f:
             try:
                 while chunk := response.read(1 << 20):
@@ -477,7 +496,7 @@ def _transfer(url, part, have, label):
                         _print_progress(label, done, total, (done - start) / max(now, 1e-9))
             except OSError:                    # the disk's, or the network's (retried)
                 if f.error is not None:
-                    raise data.write_error(f.error, part) from None
+                    raise store.write_error(f.error, part) from None
                 raise
             finally:
                 print()
@@ -526,17 +545,24 @@ def _download_error(url, err):
 
 
 # ----------------------------------------------------------------------------- command line
+def folder_name(text):
+    """An argparse type: a non-empty folder name (an empty one would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; give a folder such as data/mytext")
+    return text
+
+
 def parse_args(argv=None):
-    p, sub = data.command_parser(__doc__)
+    p, sub = store.command_parser(__doc__)
     f = sub.add_parser("fineweb", help="download pre-tokenized GPT-2 FineWeb shards")
     f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
     f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)
-    f.add_argument("--out", help="output folder (default data/DATASET)")
+    f.add_argument("--out", type=folder_name, help="output folder (default data/DATASET)")
     f.add_argument("--base_url",
                    help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
     t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
     t.add_argument("files", nargs="+")
-    t.add_argument("--out", required=True)
+    t.add_argument("--out", type=folder_name, required=True)
     t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
     t.add_argument("--workers", type=positive_int, default=None,
                    help="processes (default: all cores)")
@@ -544,7 +570,7 @@ def parse_args(argv=None):
     s.add_argument("--task", choices=["repeat", "markov"], required=True)
     s.add_argument("--vocab", type=positive_int, required=True)
     s.add_argument("--tokens", type=positive_int, required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", type=folder_name, required=True)
     s.add_argument("--seed", type=non_negative_int, default=0)
     s.add_argument("--seq_len", type=positive_int, default=64,
                    help="sequence length (use train.py's)")

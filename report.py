@@ -178,7 +178,8 @@ def variant_label(variant, show_lam=False):
 
 RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
                   "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
-                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "steps",
+                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "h_mu_proj",
+                  "h_mu_cos", "steps",
                   "tokens", "train_time_s", "run")
 
 
@@ -361,9 +362,9 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     lines = ["| N | " + " | ".join(labels) + " |", "|---" * (len(variants) + 1) + "|"]
     for size in sizes:
         values = [at.get((size, v), math.nan) for v in variants]
-        finite = [x for x in values if math.isfinite(x)]
+        finite = [x for x in values if not isinstance(x, str) and math.isfinite(x)]
         top = fmt(best(finite)) if best and finite else None
-        texts = [fmt(x) if math.isfinite(x) else "–" for x in values]
+        texts = [x if isinstance(x, str) else fmt(x) if math.isfinite(x) else "–" for x in values]
         texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
         lines.append(f"| {size} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
@@ -371,6 +372,24 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
 
 LOSS, LRS = "(i) Optimal loss min_η L (↓)", "(ii) Learning rate sensitivity LRS (↓)"
 TIME = "(iii) Additional training time (↓)"
+TIME_SPREAD = 1.1  # the most max/min of the times of one cell's runs that still measures the head
+NOT_COMPARABLE = ("n/c: not comparable, the runs of this variant or of its baseline took times "
+                  f"more than {TIME_SPREAD:g}× apart for the same work at other η, so the "
+                  "machine's load, not the head, set them (a shared CPU does that).")
+
+
+def time_text(cell, cells):
+    """(iii)'s entry: the additional time in %, or "n/c" where a time figure means nothing."""
+    base = [c for c in cells if c.head == "baseline" and c.size == cell.size and c.tie == cell.tie]
+    if not all(_steady_times(c) for c in [cell, *base]):
+        return "n/c"
+    return 100 * extra_time(cell, cells)
+
+
+def _steady_times(cell):
+    times = [row["train_time_s"] for row in cell.rows
+             if not row["diverged"] and math.isfinite(row["train_time_s"])]
+    return not times or max(times) <= TIME_SPREAD * min(times)
 
 
 def _caption(mean, l0):
@@ -396,10 +415,15 @@ def markdown_report(cells, mean="published", l0=None):
         parts += [f"## All variants, {tying} ({n_lrs} learning rates)",
                   LOSS, _markdown_table(main, optimal, loss_fmt),
                   LRS, _markdown_table(main, sensitivity, lrs_fmt),
-                  TIME, _markdown_table(main, lambda c: 100 * extra_time(c, cells),
-                                        "{:.1f}%".format, best=None)]
+                  TIME, _markdown_table(main, lambda c: time_text(c, cells), "{:.1f}%".format,
+                                        best=None)]
+        if any(time_text(c, cells) == "n/c" for c in main):
+            parts.append(NOT_COMPARABLE)
         if any(math.isfinite(row["logit_absmax"]) for c in main for row in c.rows):
             parts += [RESOLUTION, resolution_table(main)]
+        if any(math.isfinite(row["mu_norm"]) and row["mu_norm"] > 0 for c in main
+               for row in c.rows):
+            parts += [ALIGNMENT, alignment_table(main)]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
             parts += [f"## {head} for several λ, {tying}",
@@ -408,17 +432,22 @@ def markdown_report(cells, mean="published", l0=None):
     return "\n\n".join(parts) + "\n"
 
 
-RESOLUTION = ("(iv) Loss above the variant's best, and in brackets the bf16 spacing at max|l| "
-              "over the logits' spread σ_l, per learning rate")
+RESOLUTION = ("(iv) min(L, L₀) − the variant's best loss (a diverged run counts as L₀, as in "
+              "LRS), and in brackets the bf16 spacing at the typical logit √(l̄² + σ_l²) over "
+              "the logits' spread σ_l, per learning rate")
 
 
 def bf16_resolution(row):
-    """The gap between neighbouring bf16 numbers at the run's mean max|l| (bf16 keeps 8
-    significant bits: 2^(⌊log₂ x⌋ − 7), i.e. float64's ulp × 2⁴⁵), in units of its mean logit
-    std σ_l. Near 1 and above, a logit stored in bf16 no longer resolves the spread that
-    carries the prediction: what the paper's baseline loses at large η (its l̄ drifts to
-    ~10³ with σ_l ≈ 5; μ-centering keeps l̄ = 0 and max|l| ≈ 20)."""
-    return math.ulp(row["logit_absmax"]) * 2 ** 45 / row["logit_std"]
+    """The gap between neighbouring bf16 numbers at the run's typical logit magnitude
+    √(l̄² + σ_l²) (bf16 keeps 8 significant bits: 2^(⌊log₂ x⌋ − 7), i.e. float64's ulp × 2⁴⁵),
+    in units of its logit std σ_l. Each logit rounds at its own magnitude, and most sit within
+    a few σ_l of l̄, so the rounding the softmax can see (its spread over the vocabulary,
+    heads.precision_stat_sums) is about this over √12. Not the spacing at max|l|: that is
+    where one outlying logit rounds (μ-centering's max|l| is larger than the baseline's on the
+    CPU proxy while its rounding is 5× smaller). Near 1 and above, bf16 no longer resolves the
+    spread that carries the prediction: the paper's baseline at large η (l̄ ≈ 10³, σ_l ≈ 5)."""
+    typical = math.hypot(row["logit_mean"], row["logit_std"])
+    return math.ulp(typical) * 2 ** 45 / row["logit_std"]
 
 
 def resolution_table(cells):
@@ -433,7 +462,25 @@ def resolution_table(cells):
         for lr in lrs:
             loss, row = by_lr.get(lr, (math.nan, None))
             resolution = bf16_resolution(row) if row and row["logit_std"] > 0 else math.nan
-            texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2f})")
+            texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2g})")
+        lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
+
+
+ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/‖μ‖ (Lemma 1, averaged "
+             "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
+
+
+def alignment_table(cells):
+    """Rows = size and variant, columns = learning rates: the run's l̄/‖μ‖, the component of
+    the mean hidden state along μ, which turns a grown ‖μ‖ into a large mean logit."""
+    lrs = sorted({lr for c in cells for lr in c.lrs})
+    lines = ["| N | variant | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
+             "|---" * (len(lrs) + 2) + "|"]
+    for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
+        by_lr = dict(zip(c.lrs, c.rows))
+        texts = ["–" if lr not in by_lr or not by_lr[lr]["mu_norm"] > 0 else
+                 f"{by_lr[lr]['logit_mean'] / by_lr[lr]['mu_norm']:.2f}" for lr in lrs]
         lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
@@ -564,7 +611,8 @@ def _plot_metrics(plt, cells, ref_cells, title):
 
 
 CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), ("mu_norm", "‖μ‖"),
-          ("logit_mean", "logit mean  l̄"), ("logit_absmax", "max |l|"),
+          ("logit_mean", "logit mean  l̄"), ("h_mu_proj", "h̄·μ̂ = l̄/‖μ‖"),
+          ("logit_absmax", "max |l|"),
           ("prec_err_cast", "input rounding / σ_l"), ("prec_err_round", "result rounding / σ_l"),
           ("prec_ce_gap", "CE gap (nats)"))
 

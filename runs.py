@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import data
+import store
 from model import GPT, SIZES, load_checkpoint
 
 LOCK = ".lock"             # in the run folder: held (fcntl.flock) by the process using it
-STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # data.open_atomic's temporary names
+STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # store.open_atomic's temporary names
 # Settings that define what a run computes; --resume refuses a run folder that differs in any.
 RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
                 "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint")
@@ -179,10 +179,10 @@ def run_folder_lock(out: Path):
     folder. The OS drops the lock when its process ends, however it ends, so the lock of a
     killed run is taken over, never stale; so are the temporary files of its last save."""
     try:
-        data.make_folder(out)
+        store.make_folder(out)
         lock = open(out / LOCK, "a+")
-    except OSError as err:  # data.WriteError says it in one sentence
-        fail(err if isinstance(err, data.WriteError) else f"cannot write to --out_dir {out} "
+    except OSError as err:  # store.WriteError says it in one sentence
+        fail(err if isinstance(err, store.WriteError) else f"cannot write to --out_dir {out} "
              f"({err.strerror}); choose a folder you can write to")
     with lock:
         try:
@@ -250,13 +250,13 @@ def finite_or_none(value):
 
 
 def write_json(path, obj: dict):
-    data.write_atomic(path, json.dumps({k: finite_or_none(v) for k, v in obj.items()},
-                                       indent=2) + "\n")
+    store.write_atomic(path, json.dumps({k: finite_or_none(v) for k, v in obj.items()},
+                                        indent=2) + "\n")
 
 
 def append_log(path: Path, record: dict):
     """One JSON line at the end of the log, whole or not at all: when the disk fills up midway,
-    the part that went in is cut off again and data.WriteError says so in one sentence."""
+    the part that went in is cut off again and store.WriteError says so in one sentence."""
     line = (json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -266,7 +266,7 @@ def append_log(path: Path, record: dict):
                 done += os.write(fd, line[done:])
         except OSError as err:
             os.ftruncate(fd, size)
-            raise data.write_error(err, path) from None
+            raise store.write_error(err, path) from None
     finally:
         os.close(fd)
 
@@ -285,12 +285,12 @@ def trim_log(path: Path, last_step: int):
                     kept.append(line + "\n")
             except (ValueError, KeyError, TypeError):
                 pass
-    data.write_atomic(path, "".join(kept))
+    store.write_atomic(path, "".join(kept))
 
 
 def save(obj: dict, path: Path):
-    """torch.save through data.open_atomic: a unique temporary file, fsynced, renamed."""
-    with data.open_atomic(path) as f:
+    """torch.save through store.open_atomic: a unique temporary file, fsynced, renamed."""
+    with store.open_atomic(path) as f:
         torch.save(obj, f)
 
 

@@ -26,7 +26,7 @@ folders hold runs of other settings (other --steps, say) is refused before anyth
 stale results are never reported as its own; give it another --out.
 
 sweep.py talks to train.py through its command line and run folders only; it writes files with
-data.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
+store.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
 """
 import argparse
 import os
@@ -41,8 +41,8 @@ from datetime import datetime
 from itertools import product, takewhile
 from pathlib import Path
 
-import data
 import report
+import store
 from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
@@ -438,7 +438,7 @@ def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     run_list = slurm_dir / f"runs_{stamp}.txt"
     lines = [shlex.join([str(out / run.name), *run.train_args(), *extra_args]) for run in runs]
-    data.write_atomic(run_list, "".join(line + "\n" for line in lines))
+    store.write_atomic(run_list, "".join(line + "\n" for line in lines))
     array = f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else "")
     script = SBATCH_TEMPLATE.format(
         array=array, nodes=nodes, nproc=nproc_per_node, log_dir=slurm_dir / "logs",
@@ -446,7 +446,7 @@ def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options
         extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
         run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY)))
     script_path = slurm_dir / f"sweep_{stamp}.sbatch"
-    data.write_atomic(script_path, script)
+    store.write_atomic(script_path, script)
     return script_path
 
 
@@ -494,7 +494,7 @@ def cmd_run(args, extra_args):
         return 0
     if not TRAIN_PY.exists():
         raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
-    data.make_folder(args.out)
+    store.make_folder(args.out)
     try:
         failed = launch_local(todo, args.out, extra_args,
                               gpu_slots(args.gpus, args.nproc_per_node, args.jobs),
@@ -516,7 +516,7 @@ def cmd_run(args, extra_args):
 def collect(run_root, out_csv=None):
     """Every summary.json under run_root -> one results.csv row each, written atomically."""
     out_csv = Path(out_csv) if out_csv else Path(run_root) / "results.csv"
-    data.write_atomic(out_csv, report.results_csv(run_root))
+    store.write_atomic(out_csv, report.results_csv(run_root))
     return out_csv
 
 
@@ -527,17 +527,17 @@ def save_figure(fig, folder, stem):
     """FOLDER/STEM.png and .pdf, each complete or not there at all."""
     paths = [Path(folder) / f"{stem}.{ext}" for ext in ("png", "pdf")]
     for path in paths:
-        with data.open_atomic(path) as f:
+        with store.open_atomic(path) as f:
             fig.savefig(f, format=path.suffix[1:], dpi=120)
     return paths
 
 
 def cmd_table(args):
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
-    out = data.make_folder(args.out or Path(args.results).parent)
+    out = store.make_folder(args.out or Path(args.results).parent)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
-    data.write_atomic(out / "table.md", markdown)
-    data.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
+    store.write_atomic(out / "table.md", markdown)
+    store.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
     print(markdown)
     print(f"sweep: wrote {out / 'table.md'} and {out / 'table.csv'}")
     return 0
@@ -549,7 +549,7 @@ def cmd_plot(args):
                                args.lrs_mean)
     ref_cells = (report.reduce_runs(report.read_results(args.reference, columns=columns),
                                     args.lrs_mean) if args.reference else [])
-    out = data.make_folder(args.out or Path(args.results).parent)
+    out = store.make_folder(args.out or Path(args.results).parent)
     for stem, fig in report.figures(cells, ref_cells):
         for path in save_figure(fig, out, stem):
             print(f"sweep: wrote {path}")
@@ -560,7 +560,7 @@ def cmd_curves(args):
     """Curves over training of a few runs (log.jsonl): report.CURVES vs step."""
     fig = report.curves_figure({Path(run).name: report.read_log(run) for run in args.runs})
     out = Path(args.out)
-    for path in save_figure(fig, data.make_folder(out.parent), out.name):
+    for path in save_figure(fig, store.make_folder(out.parent), out.name):
         print(f"sweep: wrote {path}")
     return 0
 
@@ -590,15 +590,15 @@ def parse_args(argv=None):
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
                                     "(each run gets --nproc_per_node of them)")
-    run.add_argument("--jobs", type=data.positive_int, default=1,
+    run.add_argument("--jobs", type=store.positive_int, default=1,
                      help="local, without --gpus: runs at once (CPU: one per core)")
-    run.add_argument("--nproc_per_node", type=data.positive_int, default=1,
+    run.add_argument("--nproc_per_node", type=store.positive_int, default=1,
                      help="processes (GPUs) per run; >1 uses torchrun")
-    run.add_argument("--nodes", type=data.positive_int, default=1, help="slurm: nodes per run")
+    run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
     run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
                      help="slurm: extra #SBATCH options without the dashes, "
                           "e.g. partition=gpu time=2-00:00:00")
-    run.add_argument("--array_limit", type=data.non_negative_int, default=0,
+    run.add_argument("--array_limit", type=store.non_negative_int, default=0,
                      help="slurm: at most this many tasks at once (0: no limit)")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
     run.add_argument("--dry_run", action="store_true",
@@ -614,7 +614,7 @@ def parse_args(argv=None):
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
                          help="divide the LRS sum by n_η − 1 (published tables) "
                               "or n_η (Eq. 22)")
-        sub.add_argument("--l0", type=data.positive_float,
+        sub.add_argument("--l0", type=store.positive_float,
                          help="loss at initialisation for every run "
                               "(default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
@@ -643,7 +643,7 @@ def main(argv=None):
     except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
-    except (ValueError, OSError) as error:  # data.WriteError is an OSError with one sentence
+    except (ValueError, OSError) as error:  # store.WriteError is an OSError with one sentence
         raise SystemExit(f"sweep {args.command}: {error}") from None
     except KeyboardInterrupt:
         print(f"sweep {args.command}: interrupted", file=sys.stderr)

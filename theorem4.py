@@ -8,6 +8,20 @@ how often random hidden states break the theorem on random anisotropic matrices.
 
 Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ, e*ᵢ = eᵢ − μ (μ-centering),
 lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h; B₋, B₊ the tight bounds of Eq. 12 and B_ratio Eq. 13 (heads.b_ratio).
+
+The verdict (this file is its one home; theorem4_audit has each step):
+  • For h ∥ μ the equivalence is exact: it restates Eq. 26, B_ratio = max|e*ᵢ·μ| / max|eᵢ·μ|.
+  • For h ⊥ μ, l* = l (l̄ = μ·h = 0): the right side holds whatever B_ratio is, so ⇒ holds
+    there and ⇐ does not (E₃, B_ratio = 4/3, h = (0, 1)).
+  • For a given h otherwise, both directions fail: ⇒ on E₂ (B_ratio = 1/3, yet h = (−1, 1)
+    gives max|l*| = 4/3 > 1 = max|l|), ⇐ on E₃ (B_ratio = 4/3, yet h = (1, 1) gives
+    max|l*| = 5/3 < 2 = max|l|). None exists for V = 2 or D = 1; these are the smallest.
+  • Read as "B_ratio ≤ 1 ⇔ max|l*| ≤ max|l| for every h", ⇒ still fails (E₂) and ⇐ holds,
+    trivially: "every h" includes h = μ, the first bullet.
+So B_ratio ≤ 1 says that centering shrinks the logit range along μ, not for every token. The
+proof (App. B) breaks at Eq. 32, 34 and 35. How often a random h gets a larger max|l*| grows
+with B_ratio: `b_ratio_scan`'s random matrices give ~3% below 0.1, ~6% at 0.1–0.2 and ~40% at
+0.7–1 (`python analyze.py verify --b_ratio_scan`).
 """
 import itertools
 import math
@@ -97,7 +111,7 @@ def theorem4_audit() -> list[dict]:
         read as "for every h".
       Eq. 14 ⇐, for a given h: false. E₃ has B_ratio = 4/3 > 1, and h = (1, 1) gives
         l = (−2, 0, 1), l* = (−5/3, 1/3, 4/3): max|l*| = 5/3 < 2 strictly. (An h ⊥ μ, e.g.
-        (0, 1), has l* = l: only the degenerate equality.) "Reversing the logic" fails too:
+        (0, 1), has l* = l, so the right side holds with equality.) "Reversing the logic" fails too:
         E₃ has maxᵢ‖e*ᵢ‖² = 16/9 ≤ 2 = maxᵢ‖eᵢ‖², so a shrinking Lemma-2 bound does not imply
         B_ratio ≤ 1 either.
       Eq. 14 ⇐, read as "for every h": true, trivially. With h = μ the logits are eᵢ·μ and

@@ -36,12 +36,13 @@ import data
 import fused_loss
 import heads
 import prepare
-from data import non_negative_float, non_negative_int, positive_float, positive_int
+import store
 from model import GPT, SIZES, from_config
 from runs import (Dist, FiniteWatch, Throughput, all_reduce_sum, append_log, check_run_folder,
                   device_batches, fail, init_distributed, log_line, one_usage_error_under_torchrun,
                   peak_flops, refuse_oversized_embeddings, restore, run_folder_lock,
                   save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
+from store import non_negative_float, non_negative_int, positive_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4) and the measurement settings; more in build_parser().
@@ -88,13 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval_every", type=non_negative_int, default=5000,
       help="steps between validation losses (and at the end); 0 = only at the end")
     a("--eval_tokens", type=positive_int, default=65_536_000,
-      help="validation tokens per evaluation (paper: 65.5M; at most what the val split holds)")
+      help="val tokens per evaluation, ≤ the val split (paper's code: 2000 iters × 16 × 2048)")
     a("--stat_tokens", type=positive_int, default=STAT_TOKENS,
       help="validation tokens for the final logit statistics (likewise)")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
+    a("--head_dtype", default="auto", choices=("auto", "float32"),
+      help="dtype of the LM head's matmul and its backward (auto: --dtype's; float32: a "
+           "float32 head under a bf16 body)")
     a("--compile", action=argparse.BooleanOptionalAction, default=None, help="None: on CUDA")
     return p
 
@@ -202,7 +206,7 @@ def make_shards(args) -> str:
             prepare.fetch_fineweb(args.data, train_shards=shards)
         return ""
     except (RuntimeError, OSError, ValueError) as err:
-        if args.text or isinstance(err, data.WriteError):  # a full disk is not a network error
+        if args.text or isinstance(err, store.WriteError):  # a full disk is not a network error
             return str(err)
         return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); to "
                 f"train on local text instead, pass the text files as --data")
@@ -220,7 +224,7 @@ def open_data(args, ctx: Dist, say):
     fingerprint goes into the run's settings), token ids < vocab_size; --eval_tokens and
     --stat_tokens cut down to what the val split holds, saying so."""
     try:
-        args.data_fingerprint = data.check_dataset(args.data)  # --resume compares it
+        args.data_fingerprint = store.check_dataset(args.data)  # --resume compares it
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
                                   ctx.world_size, split="train")
         loader.check_vocab(args.vocab_size)
@@ -257,9 +261,6 @@ def build_model(args) -> GPT:
     torch.manual_seed(args.seed)
     model = from_config(vars(args))
     model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
-    # The callers feed checked ids (train.py checks every shard in open_data, bench.py draws
-    # them in range), so the model's per-forward check and its host sync are not needed.
-    model.check_token_ids = False
     return model
 
 
@@ -333,31 +334,45 @@ def mu_norm(model: GPT) -> torch.Tensor:
 
 
 HEAD_STATS = heads.LOGIT_STATS + heads.PRECISION_STATS  # logged and summarised per token
+ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
 
 
 @torch.no_grad()
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp) -> torch.Tensor:
     """Σ over the tokens of x of the per-token statistics of HEAD_STATS (heads.logit_stat_sums:
     mean, std, max |l|, log²Z of the logits as the run computes them; heads.precision_stat_sums:
-    what the matmul's dtype costs them), and the token count: float64 (8,). Divided by the
-    count they give the means over tokens. STAT_CHUNK tokens at a time."""
+    what the matmul's dtype costs them), the token count, then Σ h (D values): float64
+    (8 + D,). Divided by the count they give the means over tokens. STAT_CHUNK tokens at a time."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
-    matmul_dtype = torch.float32 if args.dtype == "float32" else getattr(torch, args.dtype)
-    sums = torch.zeros(len(HEAD_STATS) + 1, dtype=torch.float64, device=h.device)
+    matmul_dtype = model.head.matmul_dtype or (torch.float32 if args.dtype == "float32"
+                                               else getattr(torch, args.dtype))
+    n = len(HEAD_STATS)
+    sums = torch.zeros(n + 1 + h.shape[-1], dtype=torch.float64, device=h.device)
     for chunk, targets in zip(h.split(STAT_CHUNK), y.flatten().split(STAT_CHUNK)):
         with amp:
             logits = model.head.logits(chunk, model.output_weight)
         sums[:4] += heads.logit_stat_sums(logits)
-        sums[4:] += heads.precision_stat_sums(model.head, chunk, model.output_weight, targets,
-                                              matmul_dtype)
+        sums[4:n + 1] += heads.precision_stat_sums(model.head, chunk, model.output_weight,
+                                                   targets, matmul_dtype)
+    sums[n + 1:] = h.double().sum(dim=0)
     return sums
 
 
-def head_stats(sums: torch.Tensor) -> dict:
-    """The means over all tokens of all processes, from head_stat_sums (all-reduced here)."""
-    sums = all_reduce_sum(sums)
-    return dict(zip(HEAD_STATS, (sums[:-1] / sums[-1]).tolist()))
+def head_stats(sums: torch.Tensor, model: GPT) -> dict:
+    """The means over all tokens of all processes, from head_stat_sums (all-reduced here), and
+    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (what turns a large ‖μ‖ into a
+    large mean logit: l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂), Lemma 1 averaged over tokens):
+        h_mu_proj = h̄·μ̂ = l̄/‖μ‖,   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1]   (0 where μ = 0).
+    The published 16M baseline at η = 0.3 ends with l̄/‖μ‖ = 1152/331 ≈ 3.5."""
+    sums, n = all_reduce_sum(sums), len(HEAD_STATS)
+    count, h_mean = sums[n], sums[n + 1:] / sums[n]
+    mu = heads.mean_embedding(model.output_weight.detach()).double()
+    mu_hat = mu / mu.norm().clamp(min=torch.finfo(torch.float64).tiny)
+    proj = h_mean @ mu_hat
+    cos = proj / h_mean.norm().clamp(min=torch.finfo(torch.float64).tiny)
+    return dict(zip(HEAD_STATS + ALIGN_STATS, (*(sums[:n] / count).tolist(), proj.item(),
+                                               cos.item())))
 
 
 @torch.no_grad()
@@ -378,11 +393,13 @@ def evaluate(model, args, ctx: Dist, amp) -> float:
 
 @torch.no_grad()
 def final_head_stats(model: GPT, args, ctx: Dist, amp) -> dict:
-    """HEAD_STATS over the first --stat_tokens validation tokens (paper: 5·10⁵ logit vectors)."""
-    sums = torch.zeros(len(HEAD_STATS) + 1, dtype=torch.float64, device=ctx.device)
+    """HEAD_STATS and ALIGN_STATS over the first --stat_tokens validation tokens (paper: 5·10⁵
+    logit vectors)."""
+    sums = torch.zeros(len(HEAD_STATS) + 1 + model.config.n_embd, dtype=torch.float64,
+                       device=ctx.device)
     for x, y in val_batches(args.stat_tokens, args, ctx):
         sums += head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
-    return head_stats(sums)
+    return head_stats(sums, model)
 
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
@@ -390,7 +407,7 @@ def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
     (summed over processes). Reads device values, so log steps only."""
     sums = head_stat_sums(model, result.last_x, result.last_y, args, amp)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
-            "mu_norm": mu_norm(model).item(), **head_stats(sums)}
+            "mu_norm": mu_norm(model).item(), **head_stats(sums, model)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,7 +528,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         summary |= {"tokens": run.step * tokens_per_step, "val_loss": val_loss,
                     "diverged": not math.isfinite(val_loss)}
     else:
-        stats = dict.fromkeys(HEAD_STATS)
+        stats = dict.fromkeys(HEAD_STATS + ALIGN_STATS)
         summary |= {"tokens": diverged_at * tokens_per_step, "val_loss": None, "diverged": True}
     summary |= {"init_loss": run.init_loss, **stats, "mu_norm": mu_norm(model).item(),
                 "train_time_s": run.train_time_s}
@@ -539,7 +556,7 @@ def main(argv=None) -> GPT | None:
     args = parse_args(argv)
     try:
         return train(args, init_distributed(args))
-    except data.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
+    except store.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
         fail(str(err))
     except KeyboardInterrupt:
         print("train.py: interrupted; --resume continues from the last checkpoint",

@@ -277,6 +277,9 @@ def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
     torch.save(dict(model=gpt.state_dict(), step=step, config=cfg), centred_run / "ckpt.pt")
     after = cli("logits", "--run", centred_run, "--tokens", 256, "--plot", tmp_path / "hist.png")
     assert abs(before["logit_mean"]) > 0.1 and before["mu_norm"] > 0.4
+    # Lemma 1 over the tokens: l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂); the cosine is that over ‖h̄‖
+    assert before["h_mu_proj"] * before["mu_norm"] == pytest.approx(before["logit_mean"], rel=1e-6)
+    assert 0 < abs(before["h_mu_cos"]) <= 1
     assert abs(after["logit_mean"]) < 1e-6 and after["mu_norm"] < 1e-6  # float32 weights
     assert after["logit_std"] == pytest.approx(before["logit_std"], rel=1e-5)
     assert (tmp_path / "hist.png").stat().st_size > 1000
@@ -450,7 +453,7 @@ def test_a_dataset_or_checkpoint_at_fault_is_named_for_what_it_is(runs, markov_d
     for shard in markov_dir.iterdir():
         (half / shard.name).write_bytes(shard.read_bytes())
     (half / "INCOMPLETE").write_text("")
-    for data_dir, expected in ((half, "was left half-written by an interrupted data.py"),
+    for data_dir, expected in ((half, "was left half-written by an interrupted prepare.py"),
                                ("/dev/null", "/dev/null is a file, not a folder of shards")):
         with pytest.raises(SystemExit) as excinfo:
             cli("logits", "--run", runs["untied"], "--data", data_dir, "--tokens", 64)

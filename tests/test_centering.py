@@ -91,11 +91,23 @@ def test_precision_stats_match_a_float64_computation_by_hand(head_inputs):
     rounded = (x.bfloat16() @ weight.bfloat16().T).double()
     sigma = exact.std(dim=1, correction=0)
     ce = lambda l: (torch.logsumexp(l, 1) - l.gather(1, t[:, None]).squeeze(1)).mean()
-    rms = lambda d: ((d.square().mean(1).sqrt()) / sigma).mean()
+    spread = lambda d: (d.std(1, correction=0) / sigma).mean()
     assert stats["prec_ce_gap"] == pytest.approx((ce(rounded) - ce(exact)).item(), abs=1e-12)
-    assert stats["prec_err_cast"] == pytest.approx(rms(cast - exact).item(), rel=1e-9)
-    assert stats["prec_err_round"] == pytest.approx(rms(rounded - cast).item(), rel=1e-9)
+    assert stats["prec_err_cast"] == pytest.approx(spread(cast - exact).item(), rel=1e-9)
+    assert stats["prec_err_round"] == pytest.approx(spread(rounded - cast).item(), rel=1e-9)
     assert 1e-4 < stats["prec_err_cast"] < 1e-2  # bf16 keeps 8 significant bits
+
+
+def test_an_error_common_to_all_logits_of_a_token_is_not_counted():
+    # Every row has 1 in column 0 and small integers elsewhere (bf16-exact); h₀ = 1 + 2⁻¹⁰ is not
+    # a bf16 number, so the cast moves every logit of the token by the same −2⁻¹⁰: softmax and
+    # the loss cannot see that, and neither may prec_err_cast (an rms over rows would be 2⁻¹⁰/σ).
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.cat((torch.ones(256, 1), torch.randint(-4, 5, (256, 7), generator=gen)), 1)
+    h = torch.cat((torch.full((3, 1), 1 + 2 ** -10), torch.randint(-2, 3, (3, 7),
+                                                                   generator=gen)), 1).float()
+    stats = precision(weight.float(), h, torch.zeros(3, dtype=torch.long))
+    assert stats["prec_err_cast"] == 0.0 and stats["prec_ce_gap"] == pytest.approx(0, abs=1e-12)
 
 
 def test_float32_matmul_costs_nothing_measurable(head_inputs):

@@ -1,5 +1,5 @@
-"""data.py (shard format, the rank-strided loader, safe writes) and prepare.py (GPT-2 text,
-synthetic languages, download)."""
+"""data.py (shard format, the rank-strided loader), store.py (datasets as a unit, safe writes)
+and prepare.py (GPT-2 text, synthetic languages, download)."""
 import errno
 import hashlib
 import http.server
@@ -19,6 +19,7 @@ import torch
 
 import data
 import prepare
+import store
 
 ROOT = Path(__file__).resolve().parent.parent
 PARADISE = Path(__file__).parent / "assets" / "paradise_regained.txt"
@@ -57,13 +58,23 @@ def corrupt(path, how):
         raw = raw[:500]
     elif how == "extra":
         raw += b"\0\0"
+    elif how == "byte":
+        raw += b"\0"
+    elif how in ("more", "fewer", "negative"):          # the token count, against the file
+        raw[8:12] = np.int32({"more": 101, "fewer": 99, "negative": -5}[how]).tobytes()
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("how, message", [
+CORRUPTIONS = [
     ("magic", "magic number is 12345"), ("version", "version 7"),
     ("truncated", "is truncated: its header announces 100 tokens"),
-    ("header", "shorter than the 1024-byte header"), ("extra", "longer than its header says")])
+    ("header", "shorter than the 1024-byte header"), ("extra", "longer than its header says"),
+    ("byte", "longer than its header says"), ("more", "truncated: its header announces 101"),
+    ("fewer", "longer than its header says: its header announces 99"),
+    ("negative", "corrupt header: it announces -5 tokens")]
+
+
+@pytest.mark.parametrize("how, message", CORRUPTIONS)
 def test_header_validation_catches_each_corruption(tmp_path, how, message):
     path = tmp_path / "x_train_000000.bin"
     data.write_shard(path, np.arange(100))
@@ -74,11 +85,28 @@ def test_header_validation_catches_each_corruption(tmp_path, how, message):
         data.ShardLoader(tmp_path, 1, 4)
 
 
+@pytest.mark.parametrize("how, message", CORRUPTIONS)
+def test_check_refuses_a_corrupt_shard_before_writing_a_manifest(tmp_path, how, message):
+    make_shards(tmp_path, "train", [100])
+    make_shards(tmp_path, "val", [100])
+    corrupt(tmp_path / "t_val_000000.bin", how)
+    with pytest.raises(SystemExit) as failure:
+        store.main(["check", str(tmp_path)])
+    assert message in str(failure.value) and "\n" not in str(failure.value)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_check_of_an_empty_folder_fails_and_leaves_it_empty(tmp_path):
+    with pytest.raises(SystemExit, match=r"store.py check: error: no train shards"):
+        store.main(["check", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_data_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no train shards .*python prepare.py fineweb"):
         data.ShardLoader(tmp_path / "nowhere", 2, 8)
     with pytest.raises(SystemExit, match="python prepare.py text FILES"):
-        data.main(["bench", "--data", str(tmp_path)])
+        store.main(["bench", "--data", str(tmp_path)])
 
 
 def test_write_shard_refuses_ids_beyond_uint16(tmp_path):
@@ -134,6 +162,15 @@ def test_text_to_shards_to_loader_decodes_back(tmp_path):
     tokens = torch.cat([x.flatten() for x, _ in seen] + [seen[-1][1][-1, -1:]])
     assert enc.decode(tokens.tolist()) == enc.decode(train[:len(tokens)].tolist())
     assert all(torch.equal(x[:, 1:], y[:, :-1]) and x.dtype == torch.int64 for x, y in seen)
+
+
+def test_text_too_short_for_a_train_and_a_val_split_is_refused(tmp_path):
+    one = tmp_path / "one.txt"
+    one.write_text("a", encoding="utf-8")                   # [EOT, "a"]: 2 tokens
+    with pytest.raises(SystemExit, match="2 tokens are too few to split into train and val of "
+                                         "at least 2 tokens each"):
+        prepare.main(["text", str(one), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 def test_empty_text_file_is_refused(tmp_path):
@@ -249,6 +286,24 @@ def test_synthetic_markov_has_the_claimed_statistics(tmp_path):
     assert not np.allclose(P, prepare.markov_transition(V, seed + 1))
 
 
+def test_an_empty_out_is_refused_not_the_current_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        prepare.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+                      "--out", ""])
+    assert exit.value.code == 2 and not list(tmp_path.iterdir())
+    assert "argument --out: '' is empty; give a folder" in capsys.readouterr().err
+
+
+def test_synthetic_larger_than_memory_says_what_it_needs(tmp_path):
+    with pytest.raises(SystemExit, match=r"--tokens 10,000,000,000,000 needs about 18,626.5 GiB "
+                                         r"of memory and as much disk, but this machine has "
+                                         r"[\d,.]+ GiB of memory and [\d,.]+ GiB free on /"):
+        prepare.main(["synthetic", "--task", "markov", "--vocab", "5", "--tokens", str(10**13),
+                      "--out", str(tmp_path / "big")])
+    assert not (tmp_path / "big").exists()
+
+
 def test_synthetic_refuses_bad_settings(tmp_path):
     with pytest.raises(SystemExit, match="2 ≤ --vocab ≤ 4096"):
         prepare.main(["synthetic", "--task", "markov", "--vocab", "50304", "--tokens", "1000",
@@ -326,7 +381,7 @@ def test_download_resumes_a_transfer_that_breaks_off(server, tmp_path, capsys):
     prepare.main(["fineweb", "--shards", "1", "--out", str(out), "--base_url", url])
     assert sorted(p.name for p in out.iterdir()) == \
         sorted([p.name for p in source.iterdir()] + ["manifest.json"])
-    recorded = data.read_manifest(out)["files"]
+    recorded = store.read_manifest(out)["files"]
     for p in source.iterdir():
         assert (out / p.name).read_bytes() == p.read_bytes()
         assert recorded[p.name] == {"bytes": p.stat().st_size,
@@ -401,7 +456,7 @@ def test_download_must_match_the_sha256_the_server_states(server, tmp_path, via_
     ShardServer.via_hub = via_hub                           # X-Linked-Etag on a 302, or ETag
     ShardServer.hashes = {name: sha256(raw) for name, raw in ShardServer.files.items()}
     prepare.fetch_fineweb(tmp_path / "good", train_shards=1, base_url=url)
-    recorded = data.read_manifest(tmp_path / "good")["files"]
+    recorded = store.read_manifest(tmp_path / "good")["files"]
     assert {name: e["sha256"] for name, e in recorded.items()} == ShardServer.hashes
     ShardServer.files["fineweb_train_000001.bin"] = tamper(ShardServer.files["fineweb_train_000001.bin"])
     with pytest.raises(ValueError, match="corrupt and was deleted .*sha256 differs from the "
@@ -415,12 +470,12 @@ def test_shards_recorded_by_no_manifest_are_recorded_without_downloading(server,
     url, _ = server
     out = tmp_path / "fw"
     prepare.fetch_fineweb(out, train_shards=1, base_url=url)
-    fingerprint = data.check_dataset(out)
+    fingerprint = store.check_dataset(out)
     (out / "manifest.json").unlink()                        # an older data.py, or a kill
-    assert data.check_dataset(out) != fingerprint           # sizes only, still accepted
+    assert store.check_dataset(out) != fingerprint           # sizes only, still accepted
     requests = len(ShardServer.ranges)
     prepare.fetch_fineweb(out, train_shards=1, base_url=url)
-    assert len(ShardServer.ranges) == requests and data.check_dataset(out) == fingerprint
+    assert len(ShardServer.ranges) == requests and store.check_dataset(out) == fingerprint
 
 
 def test_disk_full_during_a_download_says_so(server, tmp_path, monkeypatch):
@@ -460,18 +515,18 @@ def fill_disk_under(folder, monkeypatch, after=0):
 
 def test_disk_full_during_a_save_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
     target = tmp_path / "ckpt.pt"
-    with data.open_atomic(target) as f:
+    with store.open_atomic(target) as f:
         torch.save({"step": 1}, f)
     fill_disk_under(tmp_path, monkeypatch, after=4096)
-    with pytest.raises(data.DiskFullError, match=r"^the disk is full: could not write "
+    with pytest.raises(store.DiskFullError, match=r"^the disk is full: could not write "
                                                  rf"{re.escape(str(target))} \([\d,]+ bytes free"):
-        with data.open_atomic(target) as f:
+        with store.open_atomic(target) as f:
             torch.save({"step": 2, "weights": torch.zeros(100_000)}, f)   # torch wraps the error
     assert torch.load(target) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]     # no temporary file left
     fill_disk_under(tmp_path, monkeypatch)
-    with pytest.raises(data.DiskFullError, match="the disk is full"):
-        data.write_atomic(tmp_path / "summary.json", "{}")
+    with pytest.raises(store.DiskFullError, match="the disk is full"):
+        store.write_atomic(tmp_path / "summary.json", "{}")
 
 
 def test_write_atomic_uses_a_unique_temporary_name_and_names_the_failure(tmp_path, monkeypatch):
@@ -479,11 +534,11 @@ def test_write_atomic_uses_a_unique_temporary_name_and_names_the_failure(tmp_pat
     real_replace = os.replace
     monkeypatch.setattr(os, "replace", lambda a, b: names.append(Path(a).name) or real_replace(a, b))
     for _ in range(2):
-        data.write_atomic(tmp_path / "a.json", "{}")
+        store.write_atomic(tmp_path / "a.json", "{}")
     assert len(set(names)) == 2 and all(n.startswith(".a.json.") for n in names)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(data.WriteError, match=r"could not write \S+/file/a.json \(Not a directory\)"):
-        data.write_atomic(tmp_path / "file" / "a.json", "{}")
+    with pytest.raises(store.WriteError, match=r"could not write \S+/file/a.json \(Not a directory\)"):
+        store.write_atomic(tmp_path / "file" / "a.json", "{}")
 
 
 # ----------------------------------------------------------------------------- datasets as a unit
@@ -519,7 +574,7 @@ def test_a_failed_rewrite_leaves_the_old_dataset_intact(tmp_path, monkeypatch):
 def test_an_interrupted_swap_is_refused_by_every_reader(tmp_path, monkeypatch):
     out = tmp_path / "ds"
     prepare_small_text(out, "The old text, line after line.\n" * 200)
-    real, renames = data.rename, []
+    real, renames = store.rename, []
 
     def killed_after_one(source, target):                   # of the shards renamed into out
         if Path(target).parent == out and Path(target).name.endswith(".bin"):
@@ -527,38 +582,64 @@ def test_an_interrupted_swap_is_refused_by_every_reader(tmp_path, monkeypatch):
                 raise KeyboardInterrupt                     # a kill between two renames
             renames.append(target)
         real(source, target)
-    monkeypatch.setattr(data, "rename", killed_after_one)
+    monkeypatch.setattr(store, "rename", killed_after_one)
     with pytest.raises(KeyboardInterrupt):
         prepare_small_text(out, "Quite another text now.\n" * 300)
     monkeypatch.undo()
-    for read in (lambda: data.ShardLoader(out, 2, 8), lambda: data.check_dataset(out)):
-        with pytest.raises(ValueError, match="left half-written by an interrupted data.py"):
-            read()
+    with pytest.raises(ValueError, match="left half-written by an interrupted prepare.py"):
+        store.check_dataset(out)                            # what every reader calls first
     prepare_small_text(out, "Quite another text now.\n" * 300)   # rerunning repairs it
-    data.check_dataset(out)
+    store.check_dataset(out)
+
+
+def test_of_two_writers_of_one_folder_the_second_is_told_and_the_first_wins(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+
+    def synthetic(seed):
+        prepare.main(["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "1000",
+                      "--out", str(out), "--seed", str(seed)])
+    synthetic(0)                                            # a dataset both writers replace
+    real, second = store.rename, []
+
+    def meanwhile(source, target):                          # the first writer is mid-swap
+        if not second and Path(target).parent == out:
+            with pytest.raises(SystemExit) as failure:
+                synthetic(2)
+            second.append(str(failure.value))
+        real(source, target)
+    monkeypatch.setattr(store, "rename", meanwhile)
+    synthetic(1)
+    monkeypatch.undo()
+    assert second == [f"prepare.py synthetic: error: another process is writing a dataset into "
+                      f"{out} right now, so this one was not written; run the command again "
+                      f"when it has finished"]
+    store.check_dataset(out)                                # whole, and the first writer's
+    assert store.read_manifest(out)["source"]["seed"] == 1
+    assert sorted(p.name for p in out.iterdir()) == \
+        ["manifest.json", "repeat_train_000000.bin", "repeat_val_000000.bin"]
 
 
 def test_a_mixed_folder_is_refused_in_one_sentence(tmp_path):
     prepare_small_text(tmp_path / "a", "One text, line after line.\n" * 200)
     prepare_small_text(tmp_path / "b", "Another text, longer lines here.\n" * 300)
     a, b = tmp_path / "a", tmp_path / "b"
-    fingerprint = data.check_dataset(a)
+    fingerprint = store.check_dataset(a)
     (a / "text_train_000001.bin").write_bytes((b / "text_train_000000.bin").read_bytes())
     with pytest.raises(ValueError, match="text_train_000001.bin is not named in .*manifest.json, "
                                          "so the folder mixes datasets"):
-        data.ShardLoader(a, 2, 8)
+        store.check_dataset(a)
     (a / "text_train_000001.bin").unlink()
     val = (a / "text_val_000000.bin").read_bytes()
     (a / "text_val_000000.bin").write_bytes((b / "text_val_000000.bin").read_bytes())
     with pytest.raises(ValueError, match=r"text_val_000000.bin has \d+ bytes, but the manifest "
                                          r"records \d+ bytes"):
-        data.val_batches(a, 16, 2, 8)
+        store.verify_folder(a)
     (a / "text_val_000000.bin").write_bytes(tamper(val))    # same size, another content
-    data.ShardLoader(a, 2, 8, split="val")                  # sizes only at every loader start
+    store.verify_folder(a)                                  # sizes only unless asked
     with pytest.raises(ValueError, match="sha256 mismatch"):
-        data.check_dataset(a)
+        store.check_dataset(a)
     (a / "text_val_000000.bin").write_bytes(val)
-    assert data.check_dataset(a) == fingerprint
+    assert store.check_dataset(a) == fingerprint
 
 
 def test_a_directory_named_like_a_shard_is_refused(tmp_path):
@@ -575,14 +656,14 @@ def test_a_directory_named_like_a_shard_is_refused(tmp_path):
 def test_fingerprint_follows_content_not_path_and_check_records_foreign_shards(tmp_path, capsys):
     for name in ("x", "y"):
         prepare_small_text(tmp_path / name, "Same text.\n" * 300)
-    assert data.check_dataset(tmp_path / "x") == data.check_dataset(tmp_path / "y")
+    assert store.check_dataset(tmp_path / "x") == store.check_dataset(tmp_path / "y")
     make_shards(tmp_path / "foreign", "train", [100])
     make_shards(tmp_path / "foreign", "val", [50])
-    sizes_only = data.check_dataset(tmp_path / "foreign")   # no manifest: accepted as it is
-    data.main(["check", str(tmp_path / "foreign")])
+    sizes_only = store.check_dataset(tmp_path / "foreign")   # no manifest: accepted as it is
+    store.main(["check", str(tmp_path / "foreign")])
     assert "wrote" in capsys.readouterr().out
-    assert data.check_dataset(tmp_path / "foreign") not in (sizes_only, None)
-    assert set(data.read_manifest(tmp_path / "foreign")["files"]) == \
+    assert store.check_dataset(tmp_path / "foreign") not in (sizes_only, None)
+    assert set(store.read_manifest(tmp_path / "foreign")["files"]) == \
         {"t_train_000000.bin", "t_val_000000.bin"}
 
 
@@ -592,16 +673,16 @@ def test_text_files_are_tokenized_once_into_a_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     folder = prepare.text_dataset([text], cache_root=cache, workers=1)
     assert folder.parent == cache and folder.name.startswith("story-")
-    fingerprint = data.check_dataset(folder)
+    fingerprint = store.check_dataset(folder)
     monkeypatch.setattr(prepare, "tokenize_texts", None)       # a second tokenizing would fail
     assert prepare.text_dataset([text], cache_root=cache) == folder
     monkeypatch.undo()
     text.write_text("Once upon another time.\n" * 300, encoding="utf-8")
     edited = prepare.text_dataset([text], cache_root=cache, workers=1)
-    assert edited != folder and data.check_dataset(edited) != fingerprint
+    assert edited != folder and store.check_dataset(edited) != fingerprint
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["source"]["key"] = "0" * 64                    # the cache changed under its name
-    data.write_atomic(folder / "manifest.json", json.dumps(manifest))
+    store.write_atomic(folder / "manifest.json", json.dumps(manifest))
     text.write_text("Once upon a time.\n" * 300, encoding="utf-8")
     with pytest.raises(ValueError, match=f"the cached dataset {re.escape(str(folder))} does not "
                                          f"hold the tokens of .*story.txt"):
@@ -610,9 +691,9 @@ def test_text_files_are_tokenized_once_into_a_cache(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- command line
 @pytest.mark.parametrize("script, argv, message", [
-    (data, ["bench", "--data", "x", "--steps", "-5"],
+    (store, ["bench", "--data", "x", "--steps", "-5"],
      "argument --steps: -5 is invalid; give an integer > 0"),
-    (data, ["bench", "--data", "x", "--batch_size", "0"],
+    (store, ["bench", "--data", "x", "--batch_size", "0"],
      "argument --batch_size: 0 is invalid; give an integer > 0"),
     (prepare, ["fineweb", "--shards", "0"], "argument --shards: 0 is invalid"),
     (prepare, ["synthetic", "--task", "repeat", "--vocab", "5", "--tokens", "-1", "--out", "x"],

@@ -180,3 +180,23 @@ def test_compiled_loss_keeps_its_gradient(name):
     (grad_compiled,) = torch.autograd.grad(loss, w)
     (grad_eager,) = torch.autograd.grad(head(h, w, targets)[0], w)
     assert_close(grad_compiled, grad_eager, 1e-5)
+
+
+@pytest.mark.parametrize("path", ["plain", "chunked"])
+@pytest.mark.parametrize("name", heads.HEADS)
+def test_a_float32_head_under_bf16_autocast_is_the_float32_head(name, path):
+    """train.py --head_dtype float32: under bf16 autocast the head's matmul and its backward
+    stay float32, so loss and gradients are the all-float32 head's to float32 rounding, where
+    the autocast head is off by bf16's (the control shows the test can tell them apart)."""
+    h, w, targets = make_inputs(torch.float32)
+    float32_head = heads.build(name, matmul_dtype=torch.float32, **HPARAMS.get(name, {}))
+    autocast_head = make_head(name)
+    if path == "chunked":
+        float32_head.loss_path = autocast_head.loss_path = fused_loss.loss_path(8, "cpu")
+    reference = loss_and_grads(make_head(name), h, w, targets, autocast=False)
+    ours = loss_and_grads(float32_head, h, w, targets, autocast=True)
+    bf16 = loss_and_grads(autocast_head, h, w, targets, autocast=True)
+    for got, want, low in zip((ours[0], *ours[2]), (reference[0], *reference[2]),
+                              (bf16[0], *bf16[2])):
+        assert_close(got, want, 2e-6)
+        assert (low.double() - want.double()).abs().max() > 1e-4 * want.abs().max()

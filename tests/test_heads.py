@@ -281,7 +281,7 @@ def test_bad_hparam_values_are_rejected_with_the_rule(name, hparams, message):
 
 # --- Theorem 4 ------------------------------------------------------------------------------
 # The smallest counterexamples found by exhaustive search (V = 3, D = 2, entries in {-2..2});
-# V = 2 or D = 1 cannot give any (see b_ratio's docstring and the two "holds" tests below).
+# V = 2 or D = 1 cannot give any (see theorem4.py's docstring and the two "holds" tests below).
 
 E1 = torch.tensor([[-1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], dtype=F64)   # mu = (-1/3, 0)
 E2 = torch.tensor([[-1.0, 0.0], [-1.0, 0.0], [0.0, -1.0]], dtype=F64)  # mu = (-2/3, -1/3)

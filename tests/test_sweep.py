@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import report
 import sweep
@@ -97,15 +98,26 @@ def test_reference_reproduces_table2(reference_tables):
 
 
 def test_published_baseline_loses_where_bf16_no_longer_resolves_its_logits(reference_tables):
-    """Table (iv): 16M baseline at η = 0.3 ends 1.22 above its best, with max|l| = 1176 where
-    bf16's spacing is 8 = 1.44 σ_l (σ_l = 5.5625); μ-centering's max|l| = 17.875 gives 0.125
-    = 0.04 of its σ_l = 3.40625."""
+    """Table (iv): 16M baseline at η = 0.3 ends 1.22 above its best, with l̄ = 1152 where
+    bf16's spacing is 8 = 1.44 σ_l (σ_l = 5.5625); μ-centering's l̄ = 0 leaves its logits at
+    σ_l = 3.40625, where the spacing is 2⁻⁶ = 0.0046 σ_l."""
     markdown = (reference_tables / "published" / "table.md").read_text()
-    assert "| 16M | baseline | 0.12 (0.05) |" in markdown and "| 1.22 (1.44) |" in markdown
-    assert "| 16M | mu_center | 0.12 (0.02) |" in markdown
-    row = {"logit_absmax": 1176.0, "logit_std": 5.5625}
+    assert "| 16M | baseline | 0.12 (0.012) |" in markdown and "| 1.22 (1.4) |" in markdown
+    assert "| 16M | mu_center | 0.12 (0.006) |" in markdown and "0.00 (0.0046) |" in markdown
+    row = {"logit_mean": 1152.0, "logit_std": 5.5625}
     assert report.bf16_resolution(row) == 8 / 5.5625
-    assert report.bf16_resolution({"logit_absmax": 17.875, "logit_std": 1.0}) == 0.125
+    assert report.bf16_resolution({"logit_mean": 0.0, "logit_std": 1.0}) == 2 ** -7
+
+
+@pytest.mark.parametrize("mean, std", [(0.0, 1.0), (-7.0, 1.0), (300.0, 5.0), (1152.0, 5.5)])
+def test_bf16_resolution_predicts_the_rounding_the_softmax_sees(mean, std):
+    """The spread over the vocabulary of the bf16 rounding error of logits N(l̄, σ²) is the
+    resolution over √12 (a uniform error over one spacing) to within a factor 1.6."""
+    logits = mean + std * torch.randn(50304, generator=torch.Generator().manual_seed(0),
+                                      dtype=torch.float64)
+    seen = (logits.bfloat16().double() - logits).std().item() / std
+    predicted = report.bf16_resolution({"logit_mean": mean, "logit_std": std}) / math.sqrt(12)
+    assert predicted / 1.6 < seen < predicted * 1.6
 
 
 def test_reference_reproduces_table3(reference_tables):
@@ -750,3 +762,15 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     assert "| N | baseline | mu_center |" in (out / "table.md").read_text()
     for stem in ("fig2_loss_lrs_untied", "fig3_logits_untied"):
         assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.pdf").exists()
+
+
+def test_time_is_not_published_where_the_same_work_took_unequal_times(tmp_path):
+    """Table (iii): the runs of one cell do the same work at every η, so times further apart
+    than TIME_SPREAD measure the machine (a shared CPU), not the head: 'n/c', said below."""
+    path = tmp_path / "results.csv"
+    path.write_text("size,lr,head,lam,tie,test_loss,train_time_s\n"
+                    "tiny,0.01,baseline,,false,6.0,100\ntiny,0.1,baseline,,false,5.9,104\n"
+                    "tiny,0.01,z_loss,0.0001,false,6.0,105\ntiny,0.1,z_loss,0.0001,false,5.9,107\n"
+                    "tiny,0.01,mu_center,,false,6.0,60\ntiny,0.1,mu_center,,false,5.9,150\n")
+    markdown = report.markdown_report(report.reduce_runs(report.read_results(path, l0=10.8)))
+    assert "| tiny | 0.0% | 3.9% | n/c |" in markdown and report.NOT_COMPARABLE in markdown

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = ROOT / "tests" / "assets" / "paradise_regained.txt"
 SUMMARY_KEYS = {"head", "size", "lr", "tie", "lam", "cap", "steps", "tokens", "val_loss",
                 "init_loss", "diverged", "logit_mean", "logit_std", "logit_absmax", "log2Z",
-                "prec_ce_gap", "prec_err_cast", "prec_err_round", "mu_norm", "train_time_s"}
+                "prec_ce_gap", "prec_err_cast", "prec_err_round", "mu_norm", "train_time_s",
+                "h_mu_proj", "h_mu_cos"}
 LOG_KEYS = {"step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean", "logit_std",
             "logit_absmax", "log2Z", "tok_per_s", "mfu"}
 
@@ -412,7 +413,7 @@ def test_resume_refuses_other_settings_data_or_dtype_even_when_finished(markov_d
 
 
 def fill_disk_for(name, monkeypatch):
-    """Make every os.write (data.open_atomic's way to write) to a file whose path holds `name`
+    """Make every os.write (store.open_atomic's way to write) to a file whose path holds `name`
     fail as on a full disk."""
     real_write = os.write
 
@@ -646,10 +647,10 @@ def test_logit_statistics_match_a_float64_reference():
     model = train.build_model(args)
     x, y = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
     sums = train.head_stat_sums(model, x, y, args, train.autocast(torch.device("cpu"), "float32"))
-    stats = train.head_stats(sums)
+    stats = train.head_stats(sums, model)
     with torch.no_grad():
         l = model(x).double().flatten(0, 1)                 # soft-capped logits, (48, 96)
-    assert sums[-1] == 48
+    assert sums[len(train.HEAD_STATS)] == 48
     assert stats["logit_mean"] == pytest.approx(l.mean(1).mean().item(), abs=1e-6)
     assert stats["logit_std"] == pytest.approx(l.std(1, correction=0).mean().item(), rel=1e-5)
     assert stats["logit_absmax"] == pytest.approx(l.abs().amax(1).mean().item(), rel=1e-6)
@@ -657,6 +658,25 @@ def test_logit_statistics_match_a_float64_reference():
     assert stats["logit_absmax"] <= 2                        # the cap holds
     assert abs(stats["prec_ce_gap"]) < 1e-5 and stats["prec_err_cast"] == 0  # float32: exact
     assert 0 < stats["prec_err_round"] < 1e-5
+
+
+def test_alignment_of_the_mean_hidden_state_with_mu_is_the_mean_logit_over_mu_norm():
+    args = train.parse_args(["--size", "tiny", "--vocab_size", "96", "--seq_len", "16",
+                             "--device", "cpu"])
+    model = train.build_model(args)
+    with torch.no_grad():  # a drifted μ, as training grows it
+        model.output_weight.add_(torch.randn(64, generator=torch.Generator().manual_seed(1)))
+    x, y = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
+    amp = train.autocast(torch.device("cpu"), "float32")
+    stats = train.head_stats(train.head_stat_sums(model, x, y, args, amp), model)
+    with torch.no_grad():
+        h_mean = model.hidden(x).double().flatten(0, 1).mean(0)
+    mu = model.output_weight.detach().double().mean(0)
+    mu_norm = train.mu_norm(model).item()
+    assert stats["h_mu_proj"] * mu_norm == pytest.approx(stats["logit_mean"], rel=1e-5)  # Lemma 1
+    assert stats["h_mu_cos"] == pytest.approx(
+        (h_mean @ mu / (h_mean.norm() * mu.norm())).item(), rel=1e-6)
+    assert abs(stats["h_mu_cos"]) <= 1
 
 
 def test_too_few_validation_tokens_still_give_one_micro_batch_per_rank(markov_data):

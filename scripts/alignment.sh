@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What makes the hidden states align with μ (issue 16, item 3): pairs of untied bf16 runs,
+# baseline and μ-centering, 6,000 steps each, varying one factor at a time from the base run
+# (tiny, 4 sequences × 64 tokens a step, peak η = 0.3, Shakespeare). Every run logs ‖μ‖, the
+# mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
+#   bash scripts/alignment.sh [base seq512 small lr1 batch16 ...]   # default: all, in this order
+# Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
+# One core per run, two runs at once; a tiny 6,000-step run takes ~13 minutes on an idle core,
+# seq512 and batch16 ~8× and ~4× that. Then results/alignment/ gets results.csv and curves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-runs/alignment}
+OUT=${OUT_DIR:-results/alignment}
+[ -d data/shakespeare ] || bash scripts/shakespeare.sh
+
+declare -A FACTOR=(
+    [base]=""
+    [seq512]="--seq_len 512"
+    [small]="--sizes small"
+    [lr1]="--lrs 1"
+    [batch16]="--batch_size 16"
+)
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || variants=(base lr1 small batch16 seq512)
+for v in "${variants[@]}"; do
+    [ -n "${FACTOR[$v]+set}" ] || { echo "unknown variant $v; choose among ${!FACTOR[*]}" >&2; exit 2; }
+    # the base settings first; a variant's option comes later and wins
+    python sweep.py run --grid custom --sizes tiny --lrs 0.3 --heads baseline mu_center \
+        --tie false --dtypes bfloat16 --out "$RUNS/$v" --jobs 2 --data data/shakespeare \
+        --steps 6000 --batch_size 4 --seq_len 64 --log_every 100 --eval_every 1000 \
+        --eval_tokens 65536 --stat_tokens 8192 --save_every 500 ${FACTOR[$v]}
+done

@@ -1,0 +1,100 @@
+"""mechanism.py: in exact arithmetic (float64 here) a common shift of the output rows changes no
+prediction of a continued run, for the baseline and μ-centering alike, while μ-loss sees it;
+the shifts reach the mean logit they are built for; the results table reads the cells."""
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+import mechanism
+from model import from_config
+
+CONFIG = {"size": "tiny", "vocab_size": 128, "seq_len": 16}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setting():
+    torch.manual_seed(0)
+    state = from_config(CONFIG).state_dict()
+    tokens = np.random.default_rng(0).integers(0, 128, 4000).astype(np.uint16)
+    batches = mechanism.train_batches(tokens, seed=1, steps=12, batch=2, seq_len=16)
+    val = mechanism.train_batches(tokens, seed=2, steps=2, batch=2, seq_len=16)
+    c = 40 * torch.randn(64, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    return state, batches, val, c
+
+
+def log_probs_after(setting, head, shift):
+    state, batches, val, c = setting
+    model = mechanism.build_condition_model(CONFIG, state, mechanism.Condition("float64", head),
+                                            torch.float64)
+    if shift:
+        mechanism.shift_rows(model, c)
+    result = mechanism.continue_run(model, None, batches, val, lr=3e-2, dtype="float64",
+                                    measure_every=6)
+    with torch.no_grad():
+        return torch.log_softmax(model(val[0][0]), dim=-1), result
+
+
+def test_a_common_shift_changes_no_prediction_in_exact_arithmetic(setting):
+    base, base_run = log_probs_after(setting, "baseline", shift=False)
+    shifted, shifted_run = log_probs_after(setting, "baseline", shift=True)
+    centred, _ = log_probs_after(setting, "mu_center", shift=True)
+    assert (shifted - base).abs().max() < 1e-9
+    assert (centred - base).abs().max() < 1e-9
+    assert np.allclose(shifted_run["losses"], base_run["losses"], rtol=0, atol=1e-9)
+    # the shift rides along: the mean logit differs, the validation loss does not
+    assert abs(shifted_run["curve"][-1]["logit_mean"] - base_run["curve"][-1]["logit_mean"]) > 1
+    assert shifted_run["curve"][-1]["val_loss"] == pytest.approx(
+        base_run["curve"][-1]["val_loss"], abs=1e-9)
+
+
+def test_mu_loss_sees_the_shift(setting):
+    plain, _ = log_probs_after(setting, "mu_loss", shift=False)
+    shifted, _ = log_probs_after(setting, "mu_loss", shift=True)
+    assert (shifted - plain).abs().max() > 1e-6
+
+
+def test_the_shifts_reach_their_mean_logit_and_the_orthogonal_one_stays_off_the_hidden_states():
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.linspace(0.05, 2, 16, dtype=torch.float64)
+    H = torch.randn(500, 16, generator=gen, dtype=torch.float64) * scales + 0.3
+    W = torch.randn(300, 16, generator=gen, dtype=torch.float64) + 0.2
+    shifts = mechanism.shift_vectors(H, W, levels=(0, 1000), ortho_level=1000)
+    mean_logit = lambda c: (H.mean(0) @ (W.mean(0) + c)).item()
+    assert mean_logit(shifts["none"]) == pytest.approx((H.mean(0) @ W.mean(0)).item())
+    assert mean_logit(shifts["along0"]) == pytest.approx(0, abs=1e-9)
+    assert mean_logit(shifts["along1000"]) == pytest.approx(1000, rel=1e-12)
+    ortho = shifts["ortho"]
+    assert ortho.norm() == pytest.approx(shifts["along1000"].norm().item(), rel=1e-12)
+    # the least-varying direction: its rms over the tokens is the smallest of all directions
+    rms = lambda c: (H @ c).square().mean().sqrt().item()
+    assert rms(ortho) < 0.2 * rms(shifts["along1000"])
+
+
+def test_gap_table_is_each_condition_against_its_own_unshifted_run(tmp_path):
+    rows = [dict(condition=cond, shift=shift, seed=seed, val_loss_start=loss + 1,
+                 val_loss_end=loss)
+            for cond, shift, seed, loss in [("bf16", "none", 0, 5.0), ("bf16", "none", 1, 5.2),
+                                            ("bf16", "along1000", 0, 5.5),
+                                            ("bf16", "along1000", 1, 5.9),
+                                            ("float32", "none", 0, 4.0),
+                                            ("float32", "along1000", 0, 4.0)]]
+    shifts = {"none": dict(logit_mean=-7, c_norm=0), "along1000": dict(logit_mean=1000,
+                                                                       c_norm=9)}
+    gaps = {(g["condition"], g["shift"]): g for g in mechanism.gap_rows(rows, shifts)}
+    assert gaps["bf16", "along1000"]["gap_end_mean"] == pytest.approx(0.6)
+    assert gaps["bf16", "along1000"]["gap_end_std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+    assert gaps["bf16", "along1000"]["gap_start_mean"] == pytest.approx(0.6)
+    assert gaps["float32", "along1000"]["gap_end_mean"] == 0
+    assert gaps["bf16", "none"]["gap_max"] == 0
+    table = mechanism.gap_table(list(gaps.values()), argparse.Namespace(steps=300, lr=0.03))
+    assert "| bf16 | +0.000 ± 0.000 | +0.600 ± 0.141 |" in table
