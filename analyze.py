@@ -229,7 +229,11 @@ def checkpoint_paths(run_dir: str) -> list[Path]:
     if not (run / "config.json").is_file():
         raise FileNotFoundError(f"{run} is not a run folder (no config.json); "
                                 "pass a folder written by train.py --out_dir.")
-    paths = sorted(run.glob("ckpt_step*.pt")) + [p for p in [run / "ckpt.pt"] if p.is_file()]
+    latest = run / "ckpt.pt"
+    if latest.exists() and not latest.is_file():
+        raise FileNotFoundError(f"{latest} is not a file; move it away, or pass a folder "
+                                "written by train.py --out_dir.")
+    paths = sorted(run.glob("ckpt_step*.pt")) + [p for p in [latest] if p.is_file()]
     if not paths:
         raise FileNotFoundError(f"{run} holds no checkpoint (ckpt.pt or ckpt_step*.pt); "
                                 "train it first, or pass --init SIZE for a fresh model.")
@@ -292,12 +296,14 @@ def token_batches(cfg: dict, args, n_tokens: int, vocab_size: int):
     per_batch = args.batch_size * seq_len
     if data_dir:
         store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
-        try:
-            return data.val_batches(data_dir, math.ceil(n_tokens / per_batch) * per_batch,
-                                    args.batch_size, seq_len)
-        except ValueError as err:
-            raise ValueError(f"--tokens {n_tokens} asks for more than the validation split holds; "
-                             f"lower --tokens ({err}).") from None
+        loader = data.ShardLoader(data_dir, args.batch_size, seq_len, split="val")
+        held = sum((n - 1) // per_batch for n in loader.lengths) * per_batch  # as val_batches
+        if n_tokens > held:
+            raise ValueError(f"--tokens {n_tokens} asks for more than the {held} validation "
+                             f"tokens that {data_dir} holds in batches of --batch_size × "
+                             f"--seq_len = {args.batch_size} × {seq_len}; lower --tokens.")
+        return data.val_batches(data_dir, math.ceil(n_tokens / per_batch) * per_batch,
+                                args.batch_size, seq_len)
     generator = torch.Generator().manual_seed(args.seed)
     windows = [torch.randint(vocab_size, (args.batch_size, seq_len + 1), generator=generator)
                for _ in range(math.ceil(n_tokens / per_batch))]
@@ -615,14 +621,53 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 # ── CLI ───────────────────────────────────────────────────────────────────────────────────────
 
+OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
+
+
+def offset(text: str) -> float:
+    """A mean logit L of --offsets: a finite number with |L| ≤ OFFSET_LIMIT."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a mean logit L") \
+            from None
+    if not abs(value) <= OFFSET_LIMIT:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with |L| ≤ "
+                                         f"{OFFSET_LIMIT:g} (by 1e9 the float32 rounding "
+                                         f"error measured overflows)")
+    return value
+
+
+def seed(text: str) -> int:
+    """A seed of torch.manual_seed: an integer from 0 to 2⁶⁴ − 1."""
+    value = store.non_negative_int(text)
+    if value >= 2 ** 64:
+        raise argparse.ArgumentTypeError(f"{text} is too large; give an integer from 0 to "
+                                         f"2^64 − 1")
+    return value
+
+
+def device(text: str) -> str:
+    """A torch device this code runs on: cpu, cuda or cuda:N."""
+    try:
+        kind = torch.device(text).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, "
+                                         f"cuda or cuda:N")
+    return text
+
+
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers (output: --device --json --plot --seed; measurement: those and --data
     --tokens --batch_size --seq_len --chunk), shared with geometry.py."""
     output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("--device", default=DEFAULTS["device"], help="cpu, cuda, cuda:1, ...")
+    output.add_argument("--device", type=device, default=DEFAULTS["device"],
+                        help="cpu, cuda, cuda:1, ...")
     output.add_argument("--json", help="write the numbers to this JSON file")
     output.add_argument("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    output.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    output.add_argument("--seed", type=seed, default=DEFAULTS["seed"])
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     measurement.add_argument("--data", help="token shards folder (default: the run's own --data)")
     measurement.add_argument("--tokens", type=positive_int,
@@ -670,7 +715,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     logits.add_argument("--bins", type=positive_int, default=DEFAULTS["bins"])
     logits.add_argument("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"],
                         help="the model's matmul dtype, as train.py --dtype")
-    logits.add_argument("--offsets", type=float, nargs="+", metavar="L",
+    logits.add_argument("--offsets", type=offset, nargs="+", metavar="L",
                         help="also shift every output row by one common vector so that the mean "
                              "logit is L, and report what --dtype then loses (e.g. 0 100 1000)")
     sub.add_parser("bottleneck", parents=[measurement, model_source(required=True)],

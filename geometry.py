@@ -266,6 +266,11 @@ def run_signatures(args) -> dict:
     snapshots = run_models(args.run, args.device, all_steps=True)
     first = next(snapshots)
     tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
+    too_far = [o for o in args.offsets if abs(o) >= len(tokens)]
+    if too_far:
+        raise ValueError(f"--offsets {' '.join(map(str, too_far))} reach beyond the "
+                         f"{len(tokens)} training tokens counted; give offsets shorter than "
+                         f"that (or raise --sig_tokens)")
     ids = frequent_tokens(tokens, args.top_k)
     signatures = {o: torch.from_numpy(signature(tokens, ids, o)) for o in args.offsets}
     rows = []
@@ -429,7 +434,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     trivial.add_argument("--steps", type=positive_int, default=DEFAULTS["trivial_steps"])
     trivial.add_argument("--seq_len", type=positive_int, default=DEFAULTS["trivial_seq_len"])
     trivial.add_argument("--batch_size", type=positive_int, default=DEFAULTS["trivial_batch"])
-    trivial.add_argument("--seqs_per_token", type=float, default=0.0,
+    trivial.add_argument("--seqs_per_token", type=store.non_negative_float, default=0.0,
                          help="train each V for at least S·V/batch steps (equal exposure)")
     trivial.add_argument("--trivial_tokens", type=positive_int, default=DEFAULTS["trivial_tokens"])
     trivial.add_argument("--train_args", nargs=argparse.REMAINDER, default=[],

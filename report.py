@@ -212,8 +212,8 @@ def result_row(summary_path, root):
 
 def json_object(path):
     """The dict a JSON file holds; anything else is refused in one sentence."""
-    try:
-        value = json.loads(Path(path).read_text())
+    try:  # a pipe or a device would block the read or read as nothing: not a regular file
+        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
     except ValueError:  # not UTF-8, not JSON
         value = None
     if not isinstance(value, dict):
@@ -240,8 +240,11 @@ def read_log(run_dir):
     """The records of a run's log.jsonl, in step order; a log that is empty, not JSON objects,
     or without a step's `step` and `loss`, is refused in one sentence."""
     path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; give run folders written by train.py")
+    if not path.is_file():  # /dev/null or a pipe: there, but not a log
+        raise ValueError(f"{path} is not a regular file (a device or a pipe); give run folders "
+                         f"written by train.py")
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except ValueError:
@@ -271,6 +274,9 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; make it with "
                                 f"`python sweep.py collect DIR`")
+    if not path.is_file():  # a pipe would block the read forever
+        raise ValueError(f"{path} is not a regular file (a device or a pipe); give a results "
+                         f"CSV made by `python sweep.py collect DIR`")
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in columns if c not in (reader.fieldnames or [])]
@@ -290,7 +296,12 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
 
 def _number(text, empty=math.nan):
     """A CSV cell as a float; an empty cell (or a missing column) gives `empty`."""
-    return float(text) if text not in ("", None) else empty
+    if text in ("", None):
+        return empty
+    try:
+        return float(text)
+    except ValueError:  # not Python's "could not convert string to float"
+        raise ValueError(f"expected a number, got {text!r}") from None
 
 
 def boolean(text):
@@ -309,6 +320,8 @@ def _typed_row(raw, l0):
     lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if head in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if head == "soft_cap" else None
+    if row.get("seed") not in (None, "") and not str(row["seed"]).isdigit():
+        raise ValueError(f"seed is {row['seed']}, but it must be an integer >= 0")
     for name in RULES:
         rule = breaks_rule(name, row[name]) if row[name] is not None else None
         if rule:

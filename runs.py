@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import store
-from model import GPT, load_checkpoint
+from model import GPT, SIZES, load_checkpoint
 
 LOCK = ".lock"             # in the run folder: held (fcntl.flock) by the process using it
 STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # store.open_atomic's temporary names
@@ -34,6 +35,48 @@ PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12)
 def fail(message: str):
     """End the run with one sentence and no traceback (exit code 1)."""
     raise SystemExit(f"train.py: error: {message}")
+
+
+def one_usage_error_under_torchrun(parser):
+    """Under torchrun every process parses the same command line, so each printed the same
+    error, and torchrun answered their exit code 2 with its failure banner (a traceback and a
+    table of ranks) that buried the sentence. Now rank 0 alone prints it and every process
+    exits 0, so torchrun ends quietly; the run is not done (no summary.json, which is what
+    sweep.py looks at)."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return
+
+    def error(message):
+        if int(os.environ.get("RANK", 0)) == 0:
+            parser.print_usage(sys.stderr)
+            print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(0)
+    parser.error = error
+
+
+def refuse_oversized_embeddings(args, error):
+    """Call error(sentence) when the embeddings alone cannot fit in the device's memory, saying
+    how much they need, instead of the allocator's traceback: V·D numbers (twice untied) in
+    float32, with their gradients and AdamW's two moments, 16 bytes per number."""
+    numbers = args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
+    needed = 16 * numbers
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        total, where = torch.cuda.get_device_properties(device).total_memory, "the GPU's"
+    else:
+        total, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's"
+    if needed > total:
+        error(f"--vocab_size {args.vocab_size:,} needs {format_bytes(needed)} for the embeddings "
+              f"alone (weights, gradients and AdamW state, 16 bytes per number), more than "
+              f"{where} {format_bytes(total)} of memory; lower --vocab_size")
+
+
+def format_bytes(n: int) -> str:
+    """1.8 PiB, 12.0 GiB, 512 B."""
+    for power, unit in ((5, "PiB"), (4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if n >= 1024 ** power:
+            return f"{n / 1024 ** power:,.1f} {unit}"
+    return f"{n} B"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,10 +194,9 @@ def run_folder_lock(out: Path):
             lock.seek(0)
             fail(f"{out} is in use by {lock.read().strip() or 'another process'}; wait for it to "
                  f"end, or choose another --out_dir")
-        try:
-            lock.truncate(0)
-            lock.write(f"train.py, process {os.getpid()}\n")
-            lock.flush()
+        try:  # unbuffered: a write that failed must not be retried when the file closes
+            os.ftruncate(lock.fileno(), 0)
+            os.write(lock.fileno(), f"train.py, process {os.getpid()}\n".encode())
         except OSError as err:
             fail(f"cannot write {out / LOCK} ({err.strerror}); free space or choose another "
                  f"--out_dir")
@@ -174,8 +216,9 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"it, or choose another --out_dir")
     if not files:
         return True
-    try:
-        recorded = json.loads((out / "config.json").read_text())
+    try:  # not a pipe, whose read would block forever
+        recorded = json.loads((out / "config.json").read_text()) \
+            if (out / "config.json").is_file() else None
     except (OSError, ValueError):
         recorded = None
     if not isinstance(recorded, dict):
@@ -215,14 +258,29 @@ def write_json(path, obj: dict):
 
 
 def append_log(path: Path, record: dict):
-    with open(path, "a") as f:
-        f.write(json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n")
+    """One JSON line at the end of the log, whole or not at all: when the disk fills up midway,
+    the part that went in is cut off again and store.WriteError says so in one sentence."""
+    line = (json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size, done = os.fstat(fd).st_size, 0
+        try:
+            while done < len(line):  # os.write may write only a part
+                done += os.write(fd, line[done:])
+        except OSError as err:
+            os.ftruncate(fd, size)
+            raise store.write_error(err, path) from None
+    finally:
+        os.close(fd)
 
 
 def trim_log(path: Path, last_step: int):
     """Keep the log lines up to the checkpoint's step: the steps after it are trained again,
     and a line cut off by a kill is dropped."""
     kept = []
+    if path.exists() and not path.is_file():
+        fail(f"{path} is not a file, so the run's log cannot be continued; move it out of the "
+             f"way and resume again")
     if path.exists():
         for line in path.read_text().splitlines():
             try:
@@ -263,13 +321,17 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
     train_time_s. A checkpoint that cannot continue this run ends in one sentence."""
     try:
         ckpt = load_checkpoint(path)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: not a file
         fail(f"{str(err).rstrip('.')}; delete it to start afresh")
     missing = [key for key in ("optimizer", "loader", "rng", "init_loss", "train_time_s")
                if key not in ckpt]
     if missing:
         fail(f"{path} holds weights but not what --resume needs ({', '.join(missing)}); "
              f"delete it to start afresh")
+    for key in ("init_loss", "train_time_s"):  # they go into summary.json as they are
+        if not isinstance(ckpt[key], (int, float)) or isinstance(ckpt[key], bool):
+            fail(f"{path} records {key} {ckpt[key]!r}, not a number, so it was not written by "
+                 f"train.py; delete it to start afresh")
     refuse_other_settings(path, ckpt["config"], config)
     try:
         model.load_state_dict(ckpt["model"])
@@ -285,7 +347,19 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
         fail(f"{path} cannot continue this run ({err}); delete it to start afresh")
+    refuse_misshapen_optimizer_state(path, optimizer)
     return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s")}
+
+
+def refuse_misshapen_optimizer_state(path: Path, optimizer):
+    """AdamW's load_state_dict takes moments of any shape; the first step would then fail deep
+    inside it. Each moment must have its parameter's shape (the step count is a scalar)."""
+    for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
+        for name, value in optimizer.state.get(param, {}).items():
+            if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
+                fail(f"{path} holds optimizer state {name} of shape {tuple(value.shape)} for "
+                     f"parameter {number} of shape {tuple(param.shape)}; it does not fit this "
+                     f"model: delete it to start afresh")
 
 
 # ---------------------------------------------------------------------------------------------

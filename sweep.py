@@ -38,11 +38,12 @@ import sys
 import time
 from dataclasses import dataclass, fields
 from datetime import datetime
-from itertools import product
+from itertools import product, takewhile
 from pathlib import Path
 
 import report
 import store
+from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
 # -----------------------------------------------------------------------------
@@ -174,6 +175,9 @@ def check_axes(grid, axes):
     if unknown:
         raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
     problems = []
+    unknown = [size for size in axes["sizes"] if size not in SIZES]
+    if unknown:
+        problems.append(f"--sizes {' '.join(unknown)} (each must be one of {', '.join(SIZES)})")
     for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
         bad = [value for value in axes[axis] if value is not None
                and report.breaks_rule(setting, value)]
@@ -197,15 +201,16 @@ def is_finished(run_dir):
 
 def passed_settings(train_args):
     """Options passed on to train.py as {config.json name: value}: a bare --flag is True and
-    --no-flag is flag False; as in argparse the last of a repeated option wins."""
+    --no-flag is flag False, an option with several values (--data a.txt b.txt) a list; as in
+    argparse the last of a repeated option wins."""
     settings = {}
     for i, arg in enumerate(train_args):
         if not arg.startswith("--"):
-            continue  # the value of the option before it
+            continue  # a value of the option before it
         option, has_value, value = arg[2:].partition("=")
         if not has_value:
-            following = train_args[i + 1] if i + 1 < len(train_args) else "--"
-            value = True if following.startswith("--") else following
+            values = list(takewhile(lambda a: not a.startswith("--"), train_args[i + 1:]))
+            value = True if not values else values[0] if len(values) == 1 else values
         if value is True and option.startswith("no-"):
             option, value = option[3:], False
         settings[option.replace("-", "_")] = value
@@ -221,9 +226,19 @@ def same_setting(name, asked, recorded):
             return _number(asked) == recorded
         except ValueError:
             return False
-    if name == "data":  # a path: the same folder however it is written
-        return os.path.realpath(asked) == os.path.realpath(recorded)
+    if name == "data":  # paths: the same folder or text files however they are written
+        def paths(value):
+            return [os.path.realpath(path) for path in ([value] if isinstance(value, str)
+                                                        else value)]
+        return paths(asked) == paths(recorded)
     return str(asked) == str(recorded)
+
+
+def recorded_settings(config):
+    """config.json's settings as they were asked: text files given as --data are recorded as
+    "text" (the files) and "data" (the folder train.py tokenized them into, data/text/NAME-KEY,
+    named by their content), so --data is the text files there."""
+    return {**config, "data": config["text"]} if config.get("text") else config
 
 
 def _number(value):
@@ -242,7 +257,7 @@ def differences(run_dir, asked):
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
     try:
-        config = report.json_object(config_path)
+        config = recorded_settings(report.json_object(config_path))
     except ValueError:
         return ["a config.json that is not a JSON object"]
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
@@ -399,7 +414,10 @@ RUN_DIR="${{RUN[0]}}"
 if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
 RESUME=""
 if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
-HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The first node of the allocation. No pipe into `head`: head exits after one line, and under
+# pipefail the SIGPIPE that scontrol then gets (exit 141) would end the task.
+NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+HEAD_NODE=${{NODES%%$'\\n'*}}
 PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))
 srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_node={nproc} \\
     --rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:$PORT" \\

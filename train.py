@@ -39,9 +39,9 @@ import prepare
 import store
 from model import GPT, SIZES, from_config
 from runs import (CompileWatch, Dist, FiniteWatch, Throughput, all_reduce_sum, append_log,
-                  check_run_folder, device_batches, fail, init_distributed, log_line, peak_flops,
-                  restore, run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap,
-                  write_json)
+                  check_run_folder, device_batches, fail, init_distributed, log_line,
+                  one_usage_error_under_torchrun, peak_flops, refuse_oversized_embeddings, restore,
+                  run_folder_lock, save_checkpoint, save_snapshot, trim_log, unwrap, write_json)
 from store import non_negative_float, non_negative_int, positive_float, positive_int
 
 # ---------------------------------------------------------------------------------------------
@@ -147,6 +147,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked and resolved (warmup, device, dtype, compile); bad input ends
     in parser.error: one sentence and exit code 2."""
     parser = build_parser()
+    one_usage_error_under_torchrun(parser)
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = args.steps // WARMUP_SHARE
@@ -178,6 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.data = None if args.text else args.data[0]
     if resolve_device(args, parser.error) != "cuda" and args.tf32:
         parser.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
+    refuse_oversized_embeddings(args, parser.error)
     return args
 
 

@@ -439,3 +439,43 @@ def test_checkpoint_without_config_or_with_weights_of_another_shape(runs, tmp_pa
     with pytest.raises(SystemExit, match="weights that do not fit .*size mismatch") as excinfo:
         cli("verify", "--run", run)
     one_sentence(excinfo)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--offsets", "0", "1e300"], "argument --offsets: 1e300 is out of range; give a finite L"),
+    (["--offsets", "inf"], "argument --offsets: inf is out of range"),
+    (["--offsets", "nan"], "argument --offsets: nan is out of range"),
+    (["--seed", "-1"], "argument --seed: -1 is invalid; give an integer >= 0"),
+    (["--seed", str(2 ** 64)], "is too large; give an integer from 0 to 2^64 − 1"),
+    (["--device", "bogus"], "argument --device: 'bogus' is not a device this runs on"),
+    (["--tokens", "1.5"], "argument --tokens: '1.5' is not a number; give an integer > 0"),
+])
+def test_bad_arguments_are_refused_before_any_table(argv, message, capsys):
+    """1e300 printed a table of NaN, nan its whole table before the error, inf and a bogus
+    device a traceback; --seed -1 ran; 2⁶⁴ said "Overflow when unpacking long long"."""
+    with pytest.raises(SystemExit):
+        cli("logits", "--init", "tiny", "--tokens", 64, *argv)
+    printed = capsys.readouterr()
+    assert message in printed.err and printed.out == ""
+
+
+def test_a_dataset_or_checkpoint_at_fault_is_named_for_what_it_is(runs, markov_dir, tmp_path):
+    """A dataset under INCOMPLETE (or /dev/null) used to be reported as too few tokens for
+    --tokens; a ckpt.pt that is a folder as a run without checkpoints."""
+    half = tmp_path / "half"
+    half.mkdir()
+    for shard in markov_dir.iterdir():
+        (half / shard.name).write_bytes(shard.read_bytes())
+    (half / "INCOMPLETE").write_text("")
+    for data_dir, expected in ((half, "was left half-written by an interrupted prepare.py"),
+                               ("/dev/null", "/dev/null is a file, not a folder of shards")):
+        with pytest.raises(SystemExit) as excinfo:
+            cli("logits", "--run", runs["untied"], "--data", data_dir, "--tokens", 64)
+        message = one_sentence(excinfo)
+        assert expected in message and "--tokens" not in message
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text((runs["untied"] / "config.json").read_text())
+    (run / "ckpt.pt").mkdir()
+    with pytest.raises(SystemExit, match="run/ckpt.pt is not a file; move it away"):
+        cli("logits", "--run", run)

@@ -177,6 +177,23 @@ def test_cli_errors_are_one_sentence(runs, tmp_path):
         cli("signatures", "--run", runs["untied"], "--offsets", 0)
 
 
+@pytest.mark.parametrize("value", ["-1", "inf", "nan"])
+def test_trivial_refuses_a_bad_exposure_before_anything_runs(tmp_path, capsys, value):
+    """-1 ran prepare.py and train.py; inf ended in OverflowError's traceback."""
+    with pytest.raises(SystemExit):
+        cli("trivial", "--out", tmp_path / "t", "--seqs_per_token", value)
+    assert f"argument --seqs_per_token: {value} is invalid; give a finite number >= 0" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
+def test_signatures_refuse_an_offset_beyond_the_tokens(runs):
+    """--offsets 1000000000 printed a table of NaN."""
+    with pytest.raises(SystemExit, match="--offsets 1000000000 reach beyond the 5000 training "
+                                         "tokens counted"):
+        cli("signatures", "--run", runs["untied"], "--offsets", 1, 10 ** 9, "--sig_tokens", 5000)
+
+
 def test_cli_trivial_trains_one_vocabulary_end_to_end(tmp_path):
     # data already there (as after an interrupted sweep) is reused: only train.py runs
     prepare.prepare_synthetic("repeat", 8, 2000, tmp_path / "repeat_V8_T16_N2000", seq_len=16)

@@ -260,11 +260,12 @@ def test_grid_values_are_all_checked_before_anything_starts(tmp_path):
     every axis is named at once and nothing is written."""
     out = tmp_path / "sweep"
     with pytest.raises(SystemExit) as error:
-        sweep.main(["run", "--grid", "custom", "--sizes", "tiny", "--heads", "z_loss", "soft_cap",
-                    "--lrs", "0", "1e-3", "nan", "-1", "--lams", "-0.0001", "1e-4", "--caps", "0",
-                    "--seeds", "-1", "0", "--out", str(out)])
+        sweep.main(["run", "--grid", "custom", "--sizes", "tiny", "bogus", "--heads", "z_loss",
+                    "soft_cap", "--lrs", "0", "1e-3", "nan", "-1", "--lams", "-0.0001", "1e-4",
+                    "--caps", "0", "--seeds", "-1", "0", "--out", str(out)])
     assert str(error.value) == (
-        "sweep run: nothing was started, as the grid has bad values: --lrs 0 nan -1 (each must "
+        "sweep run: nothing was started, as the grid has bad values: --sizes bogus (each must "
+        "be one of tiny, small, 16M, 29M, 57M, 109M, 221M); --lrs 0 nan -1 (each must "
         "be a finite number > 0); --lams -0.0001 (each must be a finite number ≥ 0); --caps 0 "
         "(each must be a finite number > 0); --seeds -1 (each must be an integer from 0 to "
         "2^64 − 1)")
@@ -322,6 +323,17 @@ def test_table_and_plot_refuse_nonsense_in_a_csv_or_l0(tmp_path, capsys):
                 sweep.main([command, str(bad)])
             assert str(error.value) == (f"sweep {command}: {bad} line 6: {column} is {value}, "
                                         f"but it must be {rule}")
+    # Python's own words used to leak: "could not convert string to float", "invalid literal
+    # for int() with base 10"
+    for column, value, message in (("lr", "fast", "expected a number, got 'fast'"),
+                                   ("seed", "1.5", "seed is 1.5, but it must be an integer >= 0")):
+        with_seed = [f"{header},seed", *(f"{line},0" for line in lines[1:5])]
+        row = first + ["0"]
+        row[(columns + ["seed"]).index(column)] = value
+        bad.write_text("\n".join([*with_seed, ",".join(row)]) + "\n")
+        with pytest.raises(SystemExit) as error:
+            sweep.main(["table", str(bad)])
+        assert str(error.value) == f"sweep table: {bad} line 6: {message}"
     for l0 in ("-1", "nan", "0"):
         with pytest.raises(SystemExit):
             sweep.main(["table", str(REFERENCE), "--l0", l0, "--out", str(tmp_path)])
@@ -332,6 +344,30 @@ def test_table_and_plot_refuse_nonsense_in_a_csv_or_l0(tmp_path, capsys):
                                 f"({tmp_path / 'results.csv'}, made by `python sweep.py collect "
                                 f"{tmp_path}`)")
     assert not list(tmp_path.glob("table.*")) and not list(tmp_path.glob("*.png"))
+
+
+def test_a_pipe_or_device_is_refused_not_read(tmp_path):
+    """A FIFO used to block `sweep.py table` (or a run folder's config.json `sweep.py run`)
+    forever; /dev/null was read as a CSV."""
+    with pytest.raises(SystemExit, match="^sweep table: /dev/null is not a regular file"):
+        sweep.main(["table", "/dev/null"])
+    os.mkfifo(tmp_path / "fifo")
+    done = subprocess.run([sys.executable, str(ROOT / "sweep.py"), "table", "fifo"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.startswith("sweep table: fifo is not a regular "
+                                                           "file (a device or a pipe)")
+    run = tmp_path / "sweep" / "tiny_baseline_lr0.001_tie0"  # a run whose config.json is a pipe
+    run.mkdir(parents=True)
+    os.mkfifo(run / "config.json")
+    done = subprocess.run([sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "custom",
+                           "--sizes", "tiny", "--heads", "baseline", "--lrs", "1e-3", "--out",
+                           str(run.parent), "--dry_run"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "tie0: a config.json that is not a JSON object)" in done.stderr
+    os.symlink("/dev/null", run / "log.jsonl")  # was "… log.jsonl does not exist"
+    with pytest.raises(SystemExit, match=f"^sweep curves: {run / 'log.jsonl'} is not a regular "
+                                         f"file \\(a device or a pipe\\)"):
+        sweep.main(["curves", str(run), "--out", str(tmp_path / "fig")])
 
 
 def test_dry_run_into_a_closed_pipe_ends_quietly(tmp_path):
@@ -597,6 +633,23 @@ def test_the_proxy_sweeps_finished_runs_stay_finished(tmp_path, capsys):
         sweep.main(argv + ["--eval_tokens", "4096"])
 
 
+def test_a_sweep_on_text_files_counts_its_finished_runs(tmp_path, capsys):
+    """train.py records text files given as --data under "text" and its tokenized cache folder
+    under "data"; the same command used to refuse every finished run ("data data/text/… there,
+    tests/assets/… asked"), so a sweep cut off by a time limit could not be continued."""
+    other = tmp_path / "other.txt"
+    other.write_text("other text")
+    write_run(tmp_path, "tiny", "baseline", 1e-3, 6.0, data="data/text/paradise_regained-76141c",
+              text=[str(TEXT)])
+    assert dry_run(tmp_path, "--data", str(TEXT)) == 0
+    assert "1 runs in the grid, 1 finished, 0 to do" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="1 run folder.*tie0: data .*paradise_regained.txt.* "
+                                         "there, .*other.txt.* asked\\)"):
+        dry_run(tmp_path, "--data", str(TEXT), str(other))
+    with pytest.raises(SystemExit, match="1 run folder"):
+        dry_run(tmp_path, "--data", str(tmp_path))  # a folder of shards is another dataset
+
+
 def test_every_distinct_value_gets_its_own_folder(tmp_path, capsys):
     """--lrs 1e-3 1.0000001e-3 used to map both runs to lr0.001 and train only one."""
     runs = sweep.expand_grid("custom", ["tiny"], [1e-3, 1.0000001e-3, 1 / 3], ["z_loss"],
@@ -619,7 +672,8 @@ def fake_slurm_bin(folder):
     """srun, scontrol and torchrun stand-ins: torchrun writes its arguments, one per line."""
     folder.mkdir()
     scripts = {"srun": '#!/bin/sh\nshift\nexec "$@"\n',  # drops its --ntasks-per-node=1
-               "scontrol": "#!/bin/sh\necho node-a\necho node-b\n",
+               # a long node list: `| head -n 1` would exit first and scontrol die of SIGPIPE
+               "scontrol": "#!/bin/sh\necho node-a\nprintf 'node-%s\\n' $(seq 100000)\n",
                "torchrun": '#!/bin/sh\nprintf "%s\\n" "$@" > "$TORCHRUN_ARGS"\n'}
     for name, text in scripts.items():
         (folder / name).write_text(text)

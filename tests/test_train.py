@@ -262,6 +262,18 @@ def error_of(argv, capsys):
     return message
 
 
+def test_a_bad_command_line_under_torchrun_is_one_sentence_without_its_banner(markov_data,
+                                                                               tmp_path):
+    """Both processes used to print the sentence, and torchrun then its failure banner."""
+    done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       str(ROOT / "train.py"), *tiny(markov_data, tmp_path, "--batch_size", "3",
+                                                     "--micro_batch", "1")])
+    assert done.stderr.count("train.py: error: --batch_size 3 must be a multiple of "
+                             "--micro_batch × processes = 1 × 2 = 2") == 1
+    assert "Traceback" not in done.stderr and "FAILED" not in done.stderr
+    assert done.returncode == 0 and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("extra, expected", [
     (["--head", "nope"], "invalid choice: 'nope'"),
     (["--size", "1B"], "invalid choice: '1B'"),
@@ -277,6 +289,9 @@ def error_of(argv, capsys):
     (["--vocab_size", "32"], "outside the model's vocabulary of 32"),
     (["--data", "/nonexistent/shards"], "no train shards"),
     (["--device", "toaster"], "--device 'toaster' is not a torch device"),
+    # used to end in the allocator's traceback ("you tried to allocate 256000000000000 bytes")
+    (["--vocab_size", str(10 ** 12)], "--vocab_size 1,000,000,000,000 needs 1.8 PiB for the "
+                                      "embeddings alone"),
 ])
 def test_bad_input_ends_in_one_clear_sentence(markov_data, tmp_path, capsys, extra, expected):
     message = error_of(tiny(markov_data, tmp_path, *extra), capsys)
@@ -423,6 +438,66 @@ def test_a_full_disk_during_a_save_is_one_sentence_and_keeps_the_last_checkpoint
     assert all(torch.equal(tensor, saved["model"][name]) for name, tensor in kept["model"].items())
 
 
+def fill_disk_midway(name, monkeypatch):
+    """Make os.write to a file whose path holds `name` go in halfway on its second call, and
+    fail with ENOSPC from then on: a disk that fills up while a line is appended."""
+    real_write, calls = os.write, []
+
+    def write(fd, raw):
+        if name not in os.readlink(f"/proc/self/fd/{fd}"):
+            return real_write(fd, raw)
+        calls.append(len(raw))
+        if len(calls) == 1:
+            return real_write(fd, raw)
+        if len(calls) == 2:
+            return real_write(fd, bytes(raw[:len(raw) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_a_full_disk_while_logging_is_one_sentence_and_leaves_no_half_line(
+        markov_data, tmp_path, capsys, monkeypatch):
+    """It used to leave half a JSON line in log.jsonl and end in OSError 28's traceback."""
+    fill_disk_midway("log.jsonl", monkeypatch)
+    message = error_of(tiny(markov_data, tmp_path), capsys)
+    assert message.startswith(f"train.py: error: the disk is full: could not write "
+                              f"{tmp_path / 'log.jsonl'} (") and "\n" not in message
+    text = (tmp_path / "log.jsonl").read_text()
+    assert text.endswith("\n") and [record["step"] for record in read_log(tmp_path)] == [1]
+
+
+def test_a_fresh_run_into_a_full_disk_is_one_sentence(markov_data, tmp_path, capsys,
+                                                      monkeypatch):
+    """The lock file's line used to be retried when the file closed, raising ENOSPC again."""
+    fill_disk_for("/.lock", monkeypatch)
+    assert error_of(tiny(markov_data, tmp_path), capsys) == (
+        f"train.py: error: cannot write {tmp_path / '.lock'} (No space left on device); free "
+        f"space or choose another --out_dir")
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "log.jsonl"])
+def test_resume_where_a_run_file_is_a_folder_is_one_sentence(markov_data, tmp_path, capsys,
+                                                              name):
+    """Both used to end in a traceback (FileNotFoundError, IsADirectoryError)."""
+    train.main(tiny(markov_data, tmp_path, "--stop_at", "1", "--save_every", "1"))
+    (tmp_path / name).unlink()
+    (tmp_path / name).mkdir()
+    message = error_of(tiny(markov_data, tmp_path, "--resume"), capsys)
+    assert message.startswith(f"train.py: error: {tmp_path / name} is not a file") \
+        and "\n" not in message
+
+
+def test_resume_where_config_json_is_a_pipe_is_refused_not_read(markov_data, tmp_path):
+    """Reading it used to block --resume forever."""
+    os.mkfifo(tmp_path / "config.json")
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"),
+                           *tiny(markov_data, tmp_path, "--resume")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == (
+        f"train.py: error: {tmp_path} holds config.json but no config.json of train.py, so it is "
+        f"not a run to resume; choose another --out_dir\n")
+
+
 @pytest.mark.parametrize("out_dir, expected", [("file", "is a file; give a folder"),
                                                ("file/run", "(Not a directory)")])
 def test_an_out_dir_that_cannot_be_a_folder_is_one_sentence(markov_data, tmp_path, capsys,
@@ -449,6 +524,11 @@ def test_a_read_only_out_dir_is_one_sentence(markov_data, tmp_path, capsys):
     (lambda ckpt: ckpt.update(loader={"shard": 3, "position": 0, "epoch": 0}),
      "does not fit the 1 shard(s)"),
     (lambda ckpt: ckpt.pop("optimizer"), "holds weights but not what --resume needs (optimizer)"),
+    # used to train on and write the string into summary.json
+    (lambda ckpt: ckpt.update(init_loss="oops"), "records init_loss 'oops', not a number"),
+    # used to end in a traceback deep inside AdamW's first step
+    (lambda ckpt: ckpt["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)),
+     "holds optimizer state exp_avg of shape (3,) for parameter 0 of shape (64, 64)"),
 ])
 def test_a_checkpoint_that_cannot_continue_the_run_is_one_sentence(markov_data, tmp_path, capsys,
                                                                    change, expected):
