@@ -805,10 +805,13 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     command = [sys.executable, str(ROOT / "sweep.py"), "run", "--grid", "custom",
                "--sizes", "tiny", "--lrs", "1e-3", "1e-2", "--heads", "baseline", "mu_center",
                "--out", str(out), "--gpus", "0,1",
-               "--device", "cpu", "--data", str(shards), "--steps", "10", "--warmup", "2",
+               "--device", "cpu", "--data", str(shards), "--steps", "60", "--warmup", "2",
                "--batch_size", "2", "--micro_batch", "2", "--seq_len", "32",
                "--eval_tokens", "256", "--stat_tokens", "256", "--log_every", "1",
-               "--save_every", "5"]  # a checkpoint halfway: something to resume
+               "--save_every", "5"]  # early checkpoints: something to resume
+    # A run holds its first checkpoint for 55 of its 60 steps, so Ctrl-C reaches the sweep long
+    # before that run ends, however loaded the machine (with 10 steps a busy machine let the
+    # last runs finish between the check below and the signal: exit 0, not 130).
     grid = sweep.expand_grid("custom", ["tiny"], [1e-3, 1e-2], ["baseline", "mu_center"])
     names = [run.name for run in grid]
 
@@ -843,8 +846,8 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     assert all((out / "logs" / f"{n}.log").exists() for n in restarted)
     third = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     assert "4 finished, 0 to do" in third.stdout and not started(third.stdout)
-    with pytest.raises(SystemExit, match="4 run folder.* steps 10 there, 12 asked\\)"):
-        sweep.main(command[2:] + ["--steps", "12", "--dry_run"])  # train.py's own config.json
+    with pytest.raises(SystemExit, match="4 run folder.* steps 60 there, 62 asked\\)"):
+        sweep.main(command[2:] + ["--steps", "62", "--dry_run"])  # train.py's own config.json
 
     results_csv = str(out / "results.csv")
     for argv in (["collect", str(out)], ["table", results_csv, "--out", str(out)],
