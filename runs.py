@@ -39,10 +39,9 @@ def fail(message: str):
 
 def one_usage_error_under_torchrun(parser):
     """Under torchrun every process parses the same command line, so each printed the same
-    error, and torchrun answered their exit code 2 with its failure banner (a traceback and a
-    table of ranks) that buried the sentence. Now rank 0 alone prints it and every process
-    exits 0, so torchrun ends quietly; the run is not done (no summary.json, which is what
-    sweep.py looks at)."""
+    error. Now rank 0 alone prints it; every process still exits 2, so torchrun and any script
+    around it see a failure (torchrun then adds its own banner below the sentence: exiting 0
+    to silence it would report a refused command as a success)."""
     if int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return
 
@@ -50,7 +49,7 @@ def one_usage_error_under_torchrun(parser):
         if int(os.environ.get("RANK", 0)) == 0:
             parser.print_usage(sys.stderr)
             print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(0)
+        raise SystemExit(2)
     parser.error = error
 
 
