@@ -30,3 +30,9 @@ for v in "${variants[@]}"; do
         --steps 6000 --batch_size 4 --seq_len 64 --log_every 100 --eval_every 1000 \
         --eval_tokens 65536 --stat_tokens 8192 --save_every 500 ${FACTOR[$v]}
 done
+
+mkdir -p "$OUT"
+python sweep.py collect "$RUNS" --out "$OUT/results.csv"
+for v in "${variants[@]}"; do
+    python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
+done
