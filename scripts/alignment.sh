@@ -3,7 +3,7 @@
 # baseline and μ-centering, 6,000 steps each, varying one factor at a time from the base run
 # (tiny, 4 sequences × 64 tokens a step, peak η = 0.3, Shakespeare). Every run logs ‖μ‖, the
 # mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
-#   bash scripts/alignment.sh [base seq512 small lr1 batch16 ...]   # default: all, in this order
+#   bash scripts/alignment.sh [VARIANT ...]   # default: base lr1 small batch16 seq512, in order
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
 # One core per run, two runs at once; a tiny 6,000-step run takes ~13 minutes on an idle core,
 # seq512 and batch16 ~8× and ~4× that. Then results/alignment/ gets results.csv and curves.
