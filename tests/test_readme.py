@@ -113,13 +113,18 @@ print(os.environ["TIKTOKEN_CACHE_DIR"])
 """
 
 
-def test_offline_the_shipped_gpt2_vocabulary_is_used_and_said_once(tmp_path):
-    cache, empty = tmp_path / "cache", tmp_path / "empty"
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(empty)}
-    done = subprocess.run([sys.executable, "-c", OFFLINE, cache, "offline"], cwd=ROOT, env=env,
+def load_gpt2(cache, tiktoken_cache, network):
+    """prepare.gpt2_encoding() in a fresh process whose tiktoken downloads fail or succeed."""
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tiktoken_cache)}
+    done = subprocess.run([sys.executable, "-c", OFFLINE, cache, network], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    return done.stdout.splitlines()
+
+
+def test_offline_the_shipped_gpt2_vocabulary_is_used_and_said_once(tmp_path):
+    cache = tmp_path / "cache"
+    assert load_gpt2(cache, tmp_path / "empty", "offline") == [
         f"the GPT-2 vocabulary could not be downloaded (ConnectionError); using the copy "
         f"shipped in tests/assets/gpt2 (cached in {cache})", "[15496, 995]", str(cache)]
     for name in prepare.GPT2_FILES:
@@ -129,9 +134,5 @@ def test_offline_the_shipped_gpt2_vocabulary_is_used_and_said_once(tmp_path):
 
 def test_online_nothing_changes(tmp_path):
     cache, downloads = tmp_path / "cache", tmp_path / "downloads"
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(downloads)}
-    done = subprocess.run([sys.executable, "-c", OFFLINE, cache, "online"], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[15496, 995]", str(downloads)]
+    assert load_gpt2(cache, downloads, "online") == ["[15496, 995]", str(downloads)]
     assert not cache.exists() and len(list(downloads.iterdir())) == 2
