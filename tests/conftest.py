@@ -8,6 +8,7 @@ checks their sha256 against the hashes it expects.
 import hashlib
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -29,3 +30,10 @@ def _seed_tiktoken_cache() -> None:
 
 
 _seed_tiktoken_cache()
+
+
+# A suite started with SIGINT ignored (a background job of a non-interactive shell, as CI may
+# run it) hands that on to every process it starts, and the Ctrl-C tests could not interrupt
+# their runs. A caught signal is reset to the default in a child, an ignored one is not.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
