@@ -81,15 +81,15 @@ def parse_args(argv=None):
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS,
       metavar="PATH",
       help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
-    a("--chunk_size", type=train.positive_int, default=fused_loss.CHUNK_SIZE,
+    a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE,
       help="tokens per chunk of the chunked loss path")
-    a("--steps", type=train.positive_int, default=STEPS, help="timed steps per variant")
-    a("--warmup", type=train.non_negative_int, default=WARMUP, help="untimed steps first")
-    a("--micro_batch", type=train.positive_int, default=None,
+    a("--steps", type=store.positive_int, default=STEPS, help="timed steps per variant")
+    a("--warmup", type=store.non_negative_int, default=WARMUP, help="untimed steps first")
+    a("--micro_batch", type=store.positive_int, default=None,
       help="sequences per step (default: 16 on CUDA, 4 on CPU)")
-    a("--seq_len", type=train.positive_int, default=None,
+    a("--seq_len", type=store.positive_int, default=None,
       help="tokens per sequence (default: 2048 on CUDA, 256 on CPU)")
-    a("--vocab_size", type=train.positive_int, default=VOCAB_SIZE, help="V")
+    a("--vocab_size", type=store.positive_int, default=VOCAB_SIZE, help="V")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype, as train.py (auto: bfloat16 on CUDA, float32 elsewhere)")
     a("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -97,13 +97,13 @@ def parse_args(argv=None):
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
     a("--float32_head", action="store_true",
       help="also time the baseline with a float32 LM head (train.py --head_dtype float32)")
-    a("--loss_tokens", type=train.non_negative_int, default=0,
+    a("--loss_tokens", type=store.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
     a("--no_train", action="store_true",
       help="skip the training step: only the LM head alone (needs --loss_tokens)")
     a("--json", type=Path, default=None, help="write the results here (atomically)")
     args = p.parse_args(argv)
-    device_type = train.resolve_device(args, p.error)
+    device_type = runs.resolve_device(args, p.error)
     if device_type not in SHAPES:
         p.error(f"--device {args.device} is not supported; use cpu or cuda")
     for key, value in SHAPES[device_type].items():

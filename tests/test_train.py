@@ -676,11 +676,14 @@ def test_log_step_statistics_cover_an_even_spread_of_few_tokens(monkeypatch):
 def test_eta_counts_the_log_steps_evaluations_and_final_statistics_still_to_come():
     args = train.parse_args(["--steps", "100", "--log_every", "10", "--eval_every", "50",
                              "--stat_tokens", str(2 * train.LOG_STAT_TOKENS), "--device", "cpu"])
+    def eta(step):
+        return train.eta_seconds(step, args, per_step=1.0, log_s=0.5, eval_s=3.0,
+                                 log_tokens=train.LOG_STAT_TOKENS)
     # 90 steps of 1 s, 9 log steps of 0.5 s, evaluations at 50 and 100 of 3 s, final stats 1 s
-    assert train.eta_seconds(10, args, per_step=1.0, log_s=0.5, eval_s=3.0) == 90 + 4.5 + 6 + 1
-    assert train.eta_seconds(100, args, per_step=1.0, log_s=0.5, eval_s=3.0) == 1
+    assert eta(10) == 90 + 4.5 + 6 + 1
+    assert eta(100) == 1
     args.eval_every, args.steps = 0, 95                  # evaluated at the end only; 95 logged
-    assert train.eta_seconds(10, args, per_step=1.0, log_s=0.5, eval_s=3.0) == 85 + 4.5 + 3 + 1
+    assert eta(10) == 85 + 4.5 + 3 + 1
 
 
 def test_cpu_threads_are_the_idle_cores_shared_by_the_processes_of_a_node(monkeypatch):
