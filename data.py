@@ -178,3 +178,8 @@ def val_batches(data_dir, eval_tokens, batch_size, seq_len, rank=0, world_size=1
                          f"of {step} tokens (world_size·batch_size·seq_len) of {data_dir}'s val "
                          f"split; change eval_tokens")
     return (loader.next_batch() for _ in range(steps))
+
+
+if __name__ == "__main__":  # the commands that were here live in store.py now
+    raise SystemExit("data.py is the shard format and loader and has no commands; check a "
+                     "dataset with `python store.py check DIR`")

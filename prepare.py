@@ -160,6 +160,9 @@ def read_texts(files):
     texts = []
     for f in files:
         path = Path(f)
+        if path.exists() and not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file (a device or a pipe)"
+            raise ValueError(f"{path} is {kind}; give text files")
         if not path.is_file():
             raise FileNotFoundError(f"text file {path} does not exist; check the path")
         try:

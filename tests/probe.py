@@ -409,12 +409,13 @@ def cases(fx):
         "shorter than the header": lambda raw: raw[:100],
         "truncated mid-tokens": lambda raw: raw[:len(raw) // 2],
     }
+    checker = "store.py" if (fx.root / "store.py").exists() else "data.py"  # the CLI's home
     for label, change in corruptions.items():
         def setup(work, change=change):
             corrupt_shard(fx.copy_shards(work, manifest=False), change)
-        add(Case(f"data.py check, shard: {label}", "data", ["data.py", "check", "shards"],
+        add(Case(f"{checker} check, shard: {label}", "data", [checker, "check", "shards"],
                  setup=setup))
-    add(Case("data.py check on an empty folder", "data", ["data.py", "check", "empty"],
+    add(Case(f"{checker} check on an empty folder", "data", [checker, "check", "empty"],
              setup=lambda w: (w / "empty").mkdir(),
              lost=lambda w: "manifest.json left behind" if (w / "empty" / "manifest.json")
              .exists() else None))

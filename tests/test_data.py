@@ -183,6 +183,21 @@ def test_empty_text_file_is_refused(tmp_path):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
+@pytest.mark.parametrize("make, kind", [(lambda p: os.mkfifo(p), "not a regular file"),
+                                        (lambda p: p.mkdir(), "a folder")])
+def test_a_pipe_or_a_folder_given_as_text_is_named_as_such(tmp_path, make, kind):
+    odd = tmp_path / "odd"
+    make(odd)  # it exists: "does not exist" would send the user looking in the wrong place
+    with pytest.raises(SystemExit, match=f"odd is {kind}"):
+        prepare.main(["text", str(odd), "--out", str(tmp_path / "out")])
+
+
+def test_data_py_run_as_a_command_says_where_the_commands_went(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "data.py"), "check", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "python store.py check DIR" in done.stderr
+
+
 # ----------------------------------------------------------------------------- loader
 def test_rank_striding_is_disjoint_complete_and_equals_one_process(tmp_path):
     B, T, W = 2, 8, 2
