@@ -430,6 +430,15 @@ def bf16_spacing(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 0.0
 
 
+def mean_logit_shift(H: torch.Tensor, W: torch.Tensor, mean_logit: float) -> torch.Tensor:
+    """The common row shift c along the mean hidden state h̄ of H (N, D) that moves the mean
+    logit over those tokens to L = mean_logit, float64 (D,). By Lemma 1 the mean logit is
+    l̄ = μ·h̄, and after eᵢ ← eᵢ + c it is (μ + c)·h̄; with c = a·h̄ that is l̄ + a‖h̄‖², so
+    a = (L − μ·h̄)/‖h̄‖²."""
+    h_mean, mu = H.double().mean(0), W.double().mean(0)
+    return (mean_logit - h_mean @ mu) / h_mean.square().sum() * h_mean
+
+
 def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor,
                      dtype: torch.dtype, offsets, chunk: int) -> list[dict]:
     """The finite-precision channel on its own: every output row shifted by one common vector
@@ -441,14 +450,11 @@ def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tens
     the stored rows eᵢ + c and the logits near L. One row per L: the mean logit reached,
     the spacing of bf16 there over the logits' spread σ, and heads.PRECISION_STATS."""
     H64 = H.double()
-    direction = H64.mean(0) / H64.mean(0).norm()
-    along = (H64 @ direction).mean()  # mean over tokens of direction·h
-    base_mean = (H64 @ W.double().mean(0)).mean()  # l̄ now (Lemma 1: l̄ = μ·h)
     sigma = torch.cat([(H64[rows] @ W.double().T).std(dim=1, correction=0)
                        for rows in token_chunks(len(H), chunk)]).mean().item()
     table = []
     for target in offsets:
-        shifted = W + ((target - base_mean) / along * direction).to(W.dtype)
+        shifted = W + mean_logit_shift(H, W, target).to(W.dtype)
         sums = sum(heads.precision_stat_sums(head, H[rows], shifted, targets[rows], dtype).cpu()
                    for rows in token_chunks(len(H), chunk))
         table.append(dict(offset=target, spacing_over_sigma=bf16_spacing(target) / sigma,

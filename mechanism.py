@@ -36,7 +36,6 @@ import argparse
 import contextlib
 import csv
 import json
-import math
 import multiprocessing
 import os
 import subprocess
@@ -48,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import analyze
 import data
 import fused_loss
 import heads
@@ -87,16 +87,13 @@ def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:
 
 def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=ORTHO_LEVEL):
     """{name: c (D,) float64}: none, along{L} for each L, ortho (module docstring)."""
-    W = W.double()
-    h_mean = H.mean(0)
-    along = h_mean / h_mean.norm()
-    base_mean = (h_mean @ W.mean(0)).item()     # l̄₀ = μ·h̄ (Lemma 1, averaged over tokens)
-    shifts = {"none": torch.zeros_like(h_mean)}
+    shifts = {"none": torch.zeros(H.shape[1], dtype=torch.float64)}
     for level in levels:
-        shifts[f"along{level:g}"] = (level - base_mean) / h_mean.norm() * along
+        shifts[f"along{level:g}"] = analyze.mean_logit_shift(H, W, level)
+    H = H.double()
     _, vectors = torch.linalg.eigh(H.T @ H / len(H))  # eigenvalues ascending
-    least = vectors[:, 0] * torch.sign(vectors[:, 0] @ h_mean + 1e-300)
-    shifts["ortho"] = (ortho_level - base_mean) / h_mean.norm() * least
+    least = vectors[:, 0] * torch.sign(vectors[:, 0] @ H.mean(0) + 1e-300)
+    shifts["ortho"] = analyze.mean_logit_shift(H, W, ortho_level).norm() * least
     return shifts
 
 
@@ -309,10 +306,7 @@ def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
                         for r in runs]
                 row |= {f"gap_{when}_mean": float(np.mean(gaps)),
                         f"gap_{when}_std": float(np.std(gaps, ddof=1)) if len(gaps) > 1 else 0.0}
-            row |= dict(gap_min=min(r["val_loss_end"] - reference[r["seed"]]["val_loss_end"]
-                                    for r in runs),
-                        gap_max=max(r["val_loss_end"] - reference[r["seed"]]["val_loss_end"]
-                                    for r in runs))
+            row |= dict(gap_min=min(gaps), gap_max=max(gaps))  # of the end gaps, the last above
             table.append(row)
     return table
 

@@ -458,21 +458,26 @@ def bf16_resolution(row):
     return math.ulp(typical) * 2 ** 45 / row["logit_std"]
 
 
-def resolution_table(cells):
-    """Rows = size and variant, columns = learning rates: loss − the variant's best (capped
-    as in LRS), with the bf16 resolution of its logits in brackets."""
+def per_lr_table(cells, text):
+    """Rows = size and variant, columns = learning rates; a cell is text(cell, loss, row) for
+    the run at that η (its loss as LRS counts it, its results row), "–" where none ran."""
     lrs = sorted({lr for c in cells for lr in c.lrs})
     lines = ["| N | variant | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
              "|---" * (len(lrs) + 2) + "|"]
     for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
         by_lr = dict(zip(c.lrs, zip(c.losses, c.rows)))
-        texts = []
-        for lr in lrs:
-            loss, row = by_lr.get(lr, (math.nan, None))
-            resolution = bf16_resolution(row) if row and row["logit_std"] > 0 else math.nan
-            texts.append("–" if row is None else f"{loss - c.optimal_loss:.2f} ({resolution:.2g})")
+        texts = [text(c, *by_lr[lr]) if lr in by_lr else "–" for lr in lrs]
         lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
+
+
+def resolution_table(cells):
+    """Per η: loss − the variant's best (capped as in LRS), with the bf16 resolution of its
+    logits in brackets."""
+    def text(c, loss, row):
+        resolution = bf16_resolution(row) if row["logit_std"] > 0 else math.nan
+        return f"{loss - c.optimal_loss:.2f} ({resolution:.2g})"
+    return per_lr_table(cells, text)
 
 
 ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/‖μ‖ (Lemma 1, averaged "
@@ -480,17 +485,10 @@ ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/�
 
 
 def alignment_table(cells):
-    """Rows = size and variant, columns = learning rates: the run's l̄/‖μ‖, the component of
-    the mean hidden state along μ, which turns a grown ‖μ‖ into a large mean logit."""
-    lrs = sorted({lr for c in cells for lr in c.lrs})
-    lines = ["| N | variant | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
-             "|---" * (len(lrs) + 2) + "|"]
-    for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
-        by_lr = dict(zip(c.lrs, c.rows))
-        texts = ["–" if lr not in by_lr or not by_lr[lr]["mu_norm"] > 0 else
-                 f"{by_lr[lr]['logit_mean'] / by_lr[lr]['mu_norm']:.2f}" for lr in lrs]
-        lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+    """Per η: the run's l̄/‖μ‖, the component of the mean hidden state along μ, which turns a
+    grown ‖μ‖ into a large mean logit ("–" where ‖μ‖ = 0)."""
+    return per_lr_table(cells, lambda c, loss, row: f"{row['logit_mean'] / row['mu_norm']:.2f}"
+                        if row["mu_norm"] > 0 else "–")
 
 
 TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",

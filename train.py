@@ -148,8 +148,7 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
     if max_tokens and len(h) > max_tokens:
         stride = -(-len(h) // max_tokens)
         h, y = h[::stride], y[::stride]
-    matmul_dtype = model.head.matmul_dtype or (torch.float32 if args.dtype == "float32"
-                                               else getattr(torch, args.dtype))
+    matmul_dtype = model.head.matmul_dtype or getattr(torch, args.dtype)
     n = len(HEAD_STATS)
     sums = torch.zeros(n + 1 + h.shape[-1], dtype=torch.float64, device=h.device)
     for chunk, targets in zip(h.split(STAT_CHUNK), y.split(STAT_CHUNK)):
