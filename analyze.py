@@ -6,6 +6,8 @@
     logits      --run DIR | --init SIZE    logit statistics, ‖μ‖, B_ratio, Fig. 1 (right), and
                                            what the head's matmul in --dtype loses
     bottleneck  --run DIR | --init SIZE    how much of the loss gradient the LM head lets through
+    rarity      --run DIR [--data DIR]     each output row's reach along μ by its token's training
+                                           count, and the mean hidden state: why h̄ aligns with μ
 
 e.g. python analyze.py verify --run out --tokens 2048 --json verify.json
      python analyze.py verify --b_ratio_scan --exhaustive
@@ -219,6 +221,50 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
                 + 2 * ((HtG @ W) ** 2).sum())
         out["sgd_cosine"] = (inner / (m_sq.sqrt() * total.sqrt())).item()
     return out
+
+
+# ── what the loss sees of h·μ̂: the rows' reach along μ by token frequency (pure, float64) ───
+
+COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1), [1, 10), … ≥ 10⁴
+
+
+def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
+    """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,); their mean over the rows is exactly 1.
+
+    Moving a hidden state by s·μ̂ moves logit i by s·‖μ‖·aᵢ. Softmax drops what is common to
+    all i, so the loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ). If every row had aᵢ = 1 (eᵢ = μ plus a
+    part ⊥ μ), h·μ̂ would be invisible to the loss, free to drift, and l̄ = ‖μ‖·(h̄·μ̂) with it.
+    Where aᵢ depends on how often token i occurs, h·μ̂ is a frequency prior that the loss sets:
+    it raises or lowers the rare tokens against the frequent ones."""
+    W = W.double()
+    mu = W.mean(0)
+    return W @ mu / mu.square().sum()
+
+
+def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
+                       edges=COUNT_EDGES) -> tuple[list[dict], dict]:
+    """(per bucket of training counts: rows, mean and std of aᵢ; over the training tokens,
+    each row weighted by its count: the mean and std of aᵢ the targets meet)."""
+    counts = counts.double()
+    buckets = []
+    for low, high in zip(edges, (*edges[1:], math.inf)):
+        rows = (counts >= low) & (counts < high)
+        if rows.any():
+            buckets.append(dict(counts=f"[{low}, {high})" if high < math.inf else f"≥ {low}",
+                                rows=int(rows.sum()), reach_mean=reach[rows].mean().item(),
+                                reach_std=reach[rows].std(correction=0).item()))
+    weight = counts / counts.sum()
+    mean = weight @ reach
+    return buckets, dict(target_reach=mean.item(),
+                         target_reach_std=(weight @ (reach - mean).square()).sqrt().item())
+
+
+def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
+    """How often each token id < vocab_size occurs in the training shards of data_dir (V,)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for path in data.shard_paths(data_dir, "train"):
+        counts += np.bincount(data.read_shard(path), minlength=vocab_size)[:vocab_size]
+    return torch.from_numpy(counts)
 
 
 # ── models, checkpoints, tokens ───────────────────────────────────────────────────────────────
@@ -531,7 +577,47 @@ def run_bottleneck(args) -> dict:
     return dict(run=args.run, init=args.init, tokens=n_tokens, trivially_one=trivial, steps=rows)
 
 
-COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
+def run_rarity(args) -> dict:
+    """Why h̄ does or does not align with μ: each row's reach along μ, aᵢ = eᵢ·μ̂/‖μ‖, by how
+    often its token occurs in the training shards, and the mean hidden state over N validation
+    tokens (‖h̄‖, the RMS of ‖h‖, h̄·μ̂, cos(h̄, μ)). Rows that all reach aᵢ ≈ 1 leave h·μ̂ free
+    and l̄ = ‖μ‖·(h̄·μ̂) unbounded; rows whose reach falls with frequency make h·μ̂ a prior the
+    loss pins (reach_along_mu derives it). h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's
+    gain g bounds that: ‖h‖ = ‖g ⊙ z‖ with z of unit RMS, so RMS ‖h‖ ≈ ‖g‖ (ln_f_gain_norm)
+    when the residual's variance spreads evenly over the coordinates, less when it sits where
+    g is small."""
+    (gpt, cfg, step), = models(args)
+    data_dir = args.data or cfg.get("data")
+    if not data_dir:
+        raise ValueError("rarity needs the training tokens to count; pass --data DIR.")
+    W = output_weight64(gpt)
+    mu_norm = W.mean(0).norm().item()
+    if mu_norm <= 1e-5 * W.norm(dim=1).mean().item():  # μ-centred: μ is float32 rounding
+        raise ValueError(f"μ ≈ 0 (‖μ‖ = {mu_norm:.2g}: a μ-centred model): no direction to "
+                         "measure along; pass a baseline run.")
+    buckets, targets = reach_by_frequency(reach_along_mu(W),
+                                          token_counts(data_dir, gpt.config.vocab_size))
+    H, _ = hidden_states(gpt, cfg, args, args.tokens)
+    H = H.double()
+    h_mean = H.mean(0)
+    h_mu_proj = (h_mean @ W.mean(0)).item() / mu_norm      # h̄·μ̂
+    result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
+                  h_mean_norm=h_mean.norm().item(),
+                  h_norm_rms=H.square().sum(1).mean().sqrt().item(),
+                  ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
+                  h_mu_cos=h_mu_proj / h_mean.norm().item(), **targets, buckets=buckets)
+    columns = ("counts", "rows", "reach_mean", "reach_std")
+    print_table([[b[c] for c in columns] for b in buckets], columns,
+                f"rarity: {describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count of token i")
+    names = ("mu_norm", "target_reach", "target_reach_std", "h_mean_norm", "h_norm_rms",
+             "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
+    print_table([(name, result[name]) for name in names], ("quantity", "value"),
+                f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
+    return result
+
+
+COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck,
+                rarity=run_rarity)
 
 
 # ── output: tables, JSON, figures ─────────────────────────────────────────────────────────────
@@ -726,6 +812,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "logit is L, and report what --dtype then loses (e.g. 0 100 1000)")
     sub.add_parser("bottleneck", parents=[measurement, model_source(required=True)],
                    help=run_bottleneck.__doc__)
+    sub.add_parser("rarity", parents=[measurement, model_source(required=True)],
+                   help=run_rarity.__doc__.split(":")[0])
     args = p.parse_args(argv)
     if args.command != "bottleneck" and args.tokens is None:
         args.tokens = DEFAULTS["tokens"]

@@ -277,10 +277,14 @@ def read_cells(work: Path) -> list[dict]:
 
 
 def run_rows(cells: list[dict]) -> list[dict]:
-    """One row per continued run, for runs.csv."""
+    """One row per continued run, for runs.csv. logit_mean_drift: how far l̄ wandered from its
+    start, the largest |l̄(t) − l̄(0)| over the logged steps."""
     return [dict(condition=c["condition"], shift=c["shift"], seed=c["seed"],
                  logit_mean_start=c["curve"][0]["logit_mean"],
-                 logit_mean_end=c["curve"][-1]["logit_mean"], mu_norm_end=c["curve"][-1]["mu_norm"],
+                 logit_mean_end=c["curve"][-1]["logit_mean"],
+                 logit_mean_drift=max(abs(p["logit_mean"] - c["curve"][0]["logit_mean"])
+                                      for p in c["curve"]),
+                 mu_norm_end=c["curve"][-1]["mu_norm"],
                  val_loss_start=c["curve"][0]["val_loss"], val_loss_end=c["curve"][-1]["val_loss"],
                  train_loss_last50=float(np.mean(c["losses"][-50:])), wall_s=c["wall_s"])
             for c in cells]
@@ -289,7 +293,8 @@ def run_rows(cells: list[dict]) -> list[dict]:
 def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
     """Per condition and shift: the validation loss minus that of the same condition's unshifted
     run on the same data order, right after the shift (start: the forward pass alone) and after
-    the continued training (end), as mean, sample std and range over the seeds."""
+    the continued training (end), as mean, sample std and range over the seeds; and how far
+    l̄ wandered (drift_mean: logit_mean_drift, mean over the seeds)."""
     table = []
     for condition in dict.fromkeys(r["condition"] for r in rows):
         reference = {r["seed"]: r for r in rows
@@ -307,6 +312,7 @@ def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
                 row |= {f"gap_{when}_mean": float(np.mean(gaps)),
                         f"gap_{when}_std": float(np.std(gaps, ddof=1)) if len(gaps) > 1 else 0.0}
             row |= dict(gap_min=min(gaps), gap_max=max(gaps))  # of the end gaps, the last above
+            row["drift_mean"] = float(np.mean([r["logit_mean_drift"] for r in runs]))
             table.append(row)
     return table
 
@@ -356,6 +362,15 @@ def gap_table(gaps: list[dict], args) -> str:
         lines.append(f"| {condition} | " + " | ".join(
             f"{cell[condition, s]['gap_end_mean']:+.3f} ± {cell[condition, s]['gap_end_std']:.3f}"
             for s in shifts) + " |")
+    lines += ["", "How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| over "
+              "the logged steps, mean over the seeds. In exact arithmetic a shifted run's l̄(t) "
+              "is the unshifted run's plus c·h̄(t): every row shares c, so c·h̄ moves no "
+              "prediction, the loss does not hold it, and it follows h̄ along c. Unshifted, "
+              "l̄ = μ·h̄ is held: the rows' reach along μ falls with their token's frequency "
+              "(analyze.py rarity).", "", lines[2], lines[3]]
+    for condition in conditions:
+        lines.append(f"| {condition} | " + " | ".join(
+            f"{cell[condition, s]['drift_mean']:.0f}" for s in shifts) + " |")
     return "\n".join(lines) + "\n"
 
 

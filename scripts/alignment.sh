@@ -5,8 +5,10 @@
 # mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
 #   bash scripts/alignment.sh [VARIANT ...]   # default: base lr1 small batch16 seq512, in order
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
-# One core per run, two runs at once; a tiny 6,000-step run takes ~13 minutes on an idle core,
-# seq512 and batch16 ~8× and ~4× that. Then results/alignment/ gets results.csv and curves.
+# seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
+# so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
+# One core per run, two runs at once. Then results/alignment/ gets results.csv, curves_<v>.png
+# and, for each baseline, rarity_<v>.json (analyze.py rarity: why h̄ does not align with μ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-runs/alignment}
@@ -15,7 +17,7 @@ OUT=${OUT_DIR:-results/alignment}
 
 declare -A FACTOR=(
     [base]=""
-    [seq512]="--seq_len 512"
+    [seq512]="--seq_len 512 --batch_size 1"
     [small]="--sizes small"
     [lr1]="--lrs 1"
     [batch16]="--batch_size 16"
@@ -35,4 +37,6 @@ mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
 for v in "${variants[@]}"; do
     python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
+    python analyze.py rarity --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
+        --json "$OUT/rarity_$v.json"
 done

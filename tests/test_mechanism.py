@@ -82,7 +82,7 @@ def test_the_shifts_reach_their_mean_logit_and_the_orthogonal_one_stays_off_the_
 
 def test_gap_table_is_each_condition_against_its_own_unshifted_run(tmp_path):
     rows = [dict(condition=cond, shift=shift, seed=seed, val_loss_start=loss + 1,
-                 val_loss_end=loss)
+                 val_loss_end=loss, logit_mean_drift=10 * loss)
             for cond, shift, seed, loss in [("bf16", "none", 0, 5.0), ("bf16", "none", 1, 5.2),
                                             ("bf16", "along1000", 0, 5.5),
                                             ("bf16", "along1000", 1, 5.9),
@@ -98,3 +98,12 @@ def test_gap_table_is_each_condition_against_its_own_unshifted_run(tmp_path):
     assert gaps["bf16", "none"]["gap_max"] == 0
     table = mechanism.gap_table(list(gaps.values()), argparse.Namespace(steps=300, lr=0.03))
     assert "| bf16 | +0.000 ± 0.000 | +0.600 ± 0.141 |" in table
+    assert gaps["bf16", "along1000"]["drift_mean"] == pytest.approx(57)
+    assert table.endswith("| bf16 | 51 | 57 |\n| float32 | 40 | 40 |\n")
+
+
+def test_run_rows_drift_is_the_largest_move_of_the_mean_logit_from_its_start():
+    curve = [dict(logit_mean=l, mu_norm=1.0, val_loss=5.0) for l in (-7.0, 250.0, -330.0, 150.0)]
+    cell = dict(condition="float32", shift="ortho", seed=0, curve=curve, losses=[5.0], wall_s=1)
+    row, = mechanism.run_rows([cell])
+    assert row["logit_mean_drift"] == 323 and row["logit_mean_end"] == 150
