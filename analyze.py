@@ -579,7 +579,8 @@ def run_bottleneck(args) -> dict:
 
 def run_rarity(args) -> dict:
     """Why h̄ does or does not align with μ: each row's reach along μ, aᵢ = eᵢ·μ̂/‖μ‖, by how
-    often its token occurs in the training shards, and the mean hidden state over N validation
+    often its token occurs in the training shards (with B_ratio, which the paper's Table 5 gives
+    for its runs: small when every eᵢ·μ lies near ‖μ‖²), and the mean hidden state over N validation
     tokens (‖h̄‖, the RMS of ‖h‖, h̄·μ̂, cos(h̄, μ)). Rows that all reach aᵢ ≈ 1 leave h·μ̂ free
     and l̄ = ‖μ‖·(h̄·μ̂) unbounded; rows whose reach falls with frequency make h·μ̂ a prior the
     loss pins (reach_along_mu derives it). h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's
@@ -605,12 +606,13 @@ def run_rarity(args) -> dict:
                   h_mean_norm=h_mean.norm().item(),
                   h_norm_rms=H.square().sum(1).mean().sqrt().item(),
                   ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
-                  h_mu_cos=h_mu_proj / h_mean.norm().item(), **targets, buckets=buckets)
+                  h_mu_cos=h_mu_proj / h_mean.norm().item(), **targets,
+                  B_ratio=theorem4_bounds(W)["B_ratio"], buckets=buckets)
     columns = ("counts", "rows", "reach_mean", "reach_std")
     print_table([[b[c] for c in columns] for b in buckets], columns,
                 f"rarity: {describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count of token i")
-    names = ("mu_norm", "target_reach", "target_reach_std", "h_mean_norm", "h_norm_rms",
-             "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
+    names = ("mu_norm", "target_reach", "target_reach_std", "B_ratio", "h_mean_norm",
+             "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
     return result

@@ -366,7 +366,7 @@ def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_stat
     assert counts.sum() == sum(len(data.read_shard(path))
                                for path in data.shard_paths(markov_dir, "train"))
     logits = cli("logits", "--run", runs["untied"], "--tokens", 256)
-    for key in ("mu_norm", "h_mu_proj", "h_mu_cos"):
+    for key in ("mu_norm", "h_mu_proj", "h_mu_cos", "B_ratio"):
         assert out[key] == pytest.approx(logits[key], rel=1e-6)
     assert out["h_mu_proj"] == pytest.approx(out["h_mean_norm"] * out["h_mu_cos"], rel=1e-9)
     assert 0 < out["h_mean_norm"] <= out["h_norm_rms"]  # ‖mean‖ ≤ RMS of the norms
