@@ -7,6 +7,7 @@ written as a unit by `store.write_dataset`), so train.py reads them all alike
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
     python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
     python prepare.py synthetic --task markov --vocab 64 --tokens 10000000 --out data/markov
+    python prepare.py renumber data/shakespeare --out data/shakespeare_dense
 
 - fineweb: downloads pre-tokenized shards, resuming broken transfers and checking each
   shard (and its sha256 where the server states it) before it joins the dataset.
@@ -15,6 +16,8 @@ written as a unit by `store.write_dataset`), so train.py reads them all alike
   `python train.py --data FILES` tokenizes them once into a cache (`text_dataset`).
 - synthetic: `repeat` (sequences of one repeated token) and `markov` (a random first-order
   chain whose entropy rate, the best reachable loss, is known and stored with it).
+- renumber: a dataset's tokens re-numbered 0 … V′−1 over the ids its training split uses, so
+  that no output row belongs to a token training never shows (train with --vocab_size V′).
 
 It imports data.py and store.py, nothing else of its project (tiktoken only to tokenize text).
 """
@@ -376,6 +379,34 @@ def _npy_bytes(array):
 
 
 # ----------------------------------------------------------------------------- FineWeb download
+def prepare_renumbered(source_dir, out_dir):
+    """Write source_dir's tokens with the ids its training split uses re-numbered 0 … V′−1, in
+    their order, and return V′. Validation tokens that training never uses are dropped (their
+    rows would only ever be pushed down). renumber_ids.npy keeps each new id's old one; GPT-2
+    text cannot be decoded from the new ids without it. Both splits are held in memory."""
+    if Path(source_dir).resolve() == Path(out_dir).resolve():
+        raise ValueError(f"--out {out_dir} is the source itself; give another folder, the "
+                         "source stays as it is")
+    store.check_dataset(source_dir)
+    train, val = (np.concatenate([np.asarray(data.read_shard(path))
+                                  for path in data.shard_paths(source_dir, split)])
+                  for split in ("train", "val"))
+    used = np.unique(train)
+    new_id = np.full(np.iinfo(np.uint16).max + 1, -1, dtype=np.int32)
+    new_id[used] = np.arange(len(used))
+    val = new_id[val]
+    dropped = int((val < 0).sum())
+    splits = {"train": new_id[train].astype(np.uint16), "val": val[val >= 0].astype(np.uint16)}
+    source = {"kind": "renumbered", "from": str(source_dir), "vocab": len(used),
+              "val_dropped": dropped}
+    written = store.write_dataset(out_dir, "renumbered", splits, source,
+                                  {"renumber_ids.npy": _npy_bytes(used.astype(np.int64))})
+    print(f"renumber: {len(used):,} token ids in use, now 0 … {len(used) - 1} (train with "
+          f"--vocab_size {len(used)}); dropped {dropped:,} of {len(val):,} validation tokens "
+          f"that training never uses; wrote {', '.join(map(str, written))}")
+    return len(used)
+
+
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
     """Train shards of SHARD_TOKENS a run of `tokens` training tokens reads, at most all the
     dataset holds (a longer run wraps around): the paper's 13.1B tokens need 132 of
@@ -614,6 +645,9 @@ def parse_args(argv=None):
     s.add_argument("--seq_len", type=positive_int, default=64,
                    help="sequence length (use train.py's)")
     s.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
+    r = sub.add_parser("renumber", help="re-number a dataset to the token ids training uses")
+    r.add_argument("source", type=folder_name, help="a dataset folder")
+    r.add_argument("--out", type=folder_name, required=True)
     return p.parse_args(argv)
 
 
@@ -625,6 +659,8 @@ def main(argv=None):
                           args.base_url)
         elif args.command == "text":
             prepare_text(args.files, args.out, args.val_fraction, args.workers)
+        elif args.command == "renumber":
+            prepare_renumbered(args.source, args.out)
         else:
             prepare_synthetic(args.task, args.vocab, args.tokens, args.out, args.seed,
                               args.seq_len, args.val_fraction)

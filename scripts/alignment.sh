@@ -2,9 +2,11 @@
 # What makes the hidden states align with μ (issue 16, item 3): pairs of untied bf16 runs,
 # baseline and μ-centering, 6,000 steps each, varying one factor at a time from the base run
 # (tiny, 4 sequences × 64 tokens a step, peak η = 0.3, Shakespeare); `long` trains 4× as many
-# steps (24,000), as the paper's instability appears late. Every run logs ‖μ‖, the
+# steps (24,000), as the paper's instability appears late; `dense` trains on the text re-numbered
+# to the token ids its training split uses (prepare.py renumber), so that no output row belongs
+# to a token training never shows. Every run logs ‖μ‖, the
 # mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
-#   bash scripts/alignment.sh [VARIANT ...]   # default: base lr1 small batch16 seq512 long
+#   bash scripts/alignment.sh [VARIANT ...]   # default: base lr1 small batch16 seq512 long dense
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
 # so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
@@ -23,9 +25,13 @@ declare -A FACTOR=(
     [lr1]="--lrs 1"
     [batch16]="--batch_size 16"
     [long]="--steps 24000"
+    # the 18,954 token ids Shakespeare's training split uses, re-numbered: no never-seen rows
+    [dense]="--data data/shakespeare_dense --vocab_size 18954"
 )
 variants=("$@")
-[ ${#variants[@]} -gt 0 ] || variants=(base lr1 small batch16 seq512 long)
+[ ${#variants[@]} -gt 0 ] || variants=(base lr1 small batch16 seq512 long dense)
+[[ " ${variants[*]} " != *" dense "* ]] || [ -d data/shakespeare_dense ] ||
+    python prepare.py renumber data/shakespeare --out data/shakespeare_dense
 for v in "${variants[@]}"; do
     [ -n "${FACTOR[$v]+set}" ] || { echo "unknown variant $v; choose among ${!FACTOR[*]}" >&2; exit 2; }
     # the base settings first; a variant's option comes later and wins

@@ -331,6 +331,25 @@ def test_synthetic_refuses_bad_settings(tmp_path):
                    "--out", str(tmp_path / "mixed")])
 
 
+def test_renumber_keeps_the_order_drops_unseen_val_tokens_and_records_the_old_ids(tmp_path,
+                                                                                  capsys):
+    splits = {"train": np.array([5, 9, 5, 300, 9, 5]), "val": np.array([9, 7, 300, 5, 7])}
+    store.write_dataset(tmp_path / "src", "text", splits, {"kind": "test"})
+    prepare.main(["renumber", str(tmp_path / "src"), "--out", str(tmp_path / "dense")])
+    assert "3 token ids in use, now 0 … 2 (train with --vocab_size 3); dropped 2 of 5" in \
+        capsys.readouterr().out
+    train, val = (data.read_shard(data.shard_paths(tmp_path / "dense", split)[0]).tolist()
+                  for split in ("train", "val"))
+    assert train == [0, 1, 0, 2, 1, 0] and val == [1, 2, 0]
+    assert np.load(tmp_path / "dense" / "renumber_ids.npy").tolist() == [5, 9, 300]
+    store.check_dataset(tmp_path / "dense")  # a whole dataset, manifest and all
+    manifest = json.loads((tmp_path / "dense" / "manifest.json").read_text())
+    assert manifest["source"] == {
+        "kind": "renumbered", "from": str(tmp_path / "src"), "vocab": 3, "val_dropped": 2}
+    with pytest.raises(SystemExit, match="is the source itself; give another folder"):
+        prepare.main(["renumber", str(tmp_path / "src"), "--out", str(tmp_path / "src")])
+
+
 # ----------------------------------------------------------------------------- download
 class ShardServer(http.server.BaseHTTPRequestHandler):
     """Serves `files` with Range support; `cut_first` names files whose first answer breaks off.
