@@ -578,15 +578,14 @@ def run_bottleneck(args) -> dict:
 
 
 def run_rarity(args) -> dict:
-    """Why h̄ does or does not align with μ: each row's reach along μ, aᵢ = eᵢ·μ̂/‖μ‖, by how
-    often its token occurs in the training shards (with B_ratio, which the paper's Table 5 gives
-    for its runs: small when every eᵢ·μ lies near ‖μ‖²), and the mean hidden state over N validation
-    tokens (‖h̄‖, the RMS of ‖h‖, h̄·μ̂, cos(h̄, μ)). Rows that all reach aᵢ ≈ 1 leave h·μ̂ free
-    and l̄ = ‖μ‖·(h̄·μ̂) unbounded; rows whose reach falls with frequency make h·μ̂ a prior the
-    loss pins (reach_along_mu derives it). h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's
-    gain g bounds that: ‖h‖ = ‖g ⊙ z‖ with z of unit RMS, so RMS ‖h‖ ≈ ‖g‖ (ln_f_gain_norm)
-    when the residual's variance spreads evenly over the coordinates, less when it sits where
-    g is small."""
+    """Why h̄ does or does not reach along μ (reach_along_mu derives it): each row's reach
+    aᵢ = eᵢ·μ̂/‖μ‖ by how often its token occurs in the training shards, its mean over the
+    training targets, and B_ratio (the paper's Table 5: small when every eᵢ·μ lies near ‖μ‖²);
+    over N validation tokens, the mean hidden state: ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ).
+
+    h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's gain g bounds that in turn: ‖h‖ = ‖g ⊙ z‖
+    with z of unit RMS, so RMS ‖h‖ ≈ ‖g‖ (ln_f_gain_norm) when the residual's variance spreads
+    evenly over its coordinates, and less when it sits where g is small."""
     (gpt, cfg, step), = models(args)
     data_dir = args.data or cfg.get("data")
     if not data_dir:
@@ -596,8 +595,8 @@ def run_rarity(args) -> dict:
     if mu_norm <= 1e-5 * W.norm(dim=1).mean().item():  # μ-centred: μ is float32 rounding
         raise ValueError(f"μ ≈ 0 (‖μ‖ = {mu_norm:.2g}: a μ-centred model): no direction to "
                          "measure along; pass a baseline run.")
-    buckets, targets = reach_by_frequency(reach_along_mu(W),
-                                          token_counts(data_dir, gpt.config.vocab_size))
+    reach, counts = reach_along_mu(W), token_counts(data_dir, gpt.config.vocab_size)
+    buckets, targets = reach_by_frequency(reach, counts)
     H, _ = hidden_states(gpt, cfg, args, args.tokens)
     H = H.double()
     h_mean = H.mean(0)
@@ -615,6 +614,8 @@ def run_rarity(args) -> dict:
              "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
+    if args.plot:
+        plot_reach(reach.cpu().numpy(), counts.numpy(), args.plot)
     return result
 
 
@@ -709,6 +710,19 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     for key in keys:
         ax.plot(steps, [r[key] for r in rows], marker="o", label=key)
     ax.set(xlabel="training step", ylabel=ylabel)
+    ax.legend(fontsize="small")
+    save_figure(fig, path)
+
+
+def plot_reach(reach: np.ndarray, counts: np.ndarray, path: str) -> None:
+    """Each row's reach along μ against its token's training count (never seen drawn at 0.5)."""
+    fig, ax = new_axes()
+    ax.scatter(np.maximum(counts, 0.5), reach, s=2, alpha=0.3, color="tab:blue", linewidths=0)
+    ax.axhline(1, color="purple", linestyle="--", label="aᵢ = 1: the row shares μ")
+    ax.axhline(0, color="black", linestyle=":", label="0")
+    ax.set_xscale("log")
+    ax.set(xlabel="training count of token i (never seen: drawn at 0.5)",
+           ylabel="reach along μ, aᵢ = eᵢ·μ̂ / ‖μ‖")
     ax.legend(fontsize="small")
     save_figure(fig, path)
 
@@ -817,6 +831,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub.add_parser("rarity", parents=[measurement, model_source(required=True)],
                    help=run_rarity.__doc__.split(":")[0])
     args = p.parse_args(argv)
+    if args.command == "verify" and args.plot:
+        p.error("verify draws no figure; drop --plot (logits, bottleneck and rarity draw one)")
     if args.command != "bottleneck" and args.tokens is None:
         args.tokens = DEFAULTS["tokens"]
     return args

@@ -11,7 +11,7 @@
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
 # so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
 # One core per run, two runs at once. Then results/alignment/ gets results.csv, curves_<v>.png
-# and, for each baseline, rarity_<v>.json (analyze.py rarity: why h̄ does not align with μ).
+# and, for each baseline, rarity_<v>.json and .png (analyze.py rarity: what holds h̄·μ̂).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-runs/alignment}
@@ -46,5 +46,5 @@ python sweep.py collect "$RUNS" --out "$OUT/results.csv"
 for v in "${variants[@]}"; do
     python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
     python analyze.py rarity --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
-        --json "$OUT/rarity_$v.json"
+        --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"
 done

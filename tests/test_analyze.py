@@ -359,8 +359,10 @@ def test_reach_by_frequency_buckets_the_rows_and_weights_the_targets_by_count():
 
 def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_state(
         runs, markov_dir, tmp_path):
-    out = cli("rarity", "--run", runs["untied"], "--tokens", 256, "--json", tmp_path / "r.json")
+    out = cli("rarity", "--run", runs["untied"], "--tokens", 256, "--json", tmp_path / "r.json",
+              "--plot", tmp_path / "reach.png")
     assert json.loads((tmp_path / "r.json").read_text()) == out
+    assert (tmp_path / "reach.png").stat().st_size > 1000
     counts = analyze.token_counts(markov_dir, VOCAB)
     assert sum(b["rows"] for b in out["buckets"]) == VOCAB
     assert counts.sum() == sum(len(data.read_shard(path))
@@ -528,6 +530,12 @@ def test_bad_arguments_are_refused_before_any_table(argv, message, capsys):
         cli("logits", "--init", "tiny", "--tokens", 64, *argv)
     printed = capsys.readouterr()
     assert message in printed.err and printed.out == ""
+
+
+def test_verify_refuses_a_figure_it_would_not_draw(capsys):
+    with pytest.raises(SystemExit):
+        cli("verify", "--plot", "v.png")  # it was accepted, and no file was written
+    assert "verify draws no figure; drop --plot" in capsys.readouterr().err
 
 
 def test_a_dataset_or_checkpoint_at_fault_is_named_for_what_it_is(runs, markov_dir, tmp_path):
