@@ -597,7 +597,10 @@ def run_rarity(args) -> dict:
                          "measure along; pass a baseline run.")
     reach, counts = reach_along_mu(W), token_counts(data_dir, gpt.config.vocab_size)
     buckets, targets = reach_by_frequency(reach, counts)
+    residual = []  # ln_f's input x, the residual stream: where its variance sits
+    hook = gpt.ln_f.register_forward_pre_hook(lambda _, x: residual.append(x[0].flatten(0, 1)))
     H, _ = hidden_states(gpt, cfg, args, args.tokens)
+    hook.remove()
     H = H.double()
     h_mean = H.mean(0)
     h_mu_proj = (h_mean @ W.mean(0)).item() / mu_norm      # h̄·μ̂
@@ -606,7 +609,9 @@ def run_rarity(args) -> dict:
                   h_norm_rms=H.square().sum(1).mean().sqrt().item(),
                   ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
                   h_mu_cos=h_mu_proj / h_mean.norm().item(), **targets,
-                  B_ratio=theorem4_bounds(W)["B_ratio"], buckets=buckets)
+                  B_ratio=theorem4_bounds(W)["B_ratio"], buckets=buckets,
+                  residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
+                                               gpt.ln_f.weight.detach().double()))
     columns = ("counts", "rows", "reach_mean", "reach_std")
     print_table([[b[c] for c in columns] for b in buckets], columns,
                 f"rarity: {describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count of token i")
@@ -614,9 +619,24 @@ def run_rarity(args) -> dict:
              "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
+    columns = ("coordinate", "share", "gain")
+    print_table([[c[k] for k in columns] for c in result["residual_top"]], columns,
+                "the residual stream's largest coordinates: their share of its mean square "
+                "over the tokens, and the final LayerNorm's gain on them")
     if args.plot:
         plot_reach(reach.cpu().numpy(), counts.numpy(), args.plot)
     return result
+
+
+def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
+    """The k coordinates of X (N×D) with the largest mean square, each with its share of the
+    total mean square and the gain g on it. A few coordinates that carry nearly all of it
+    ("massive activations") take LayerNorm's unit variance for themselves, so every other
+    coordinate of h comes out small, and h itself is as small as their gains."""
+    energy = X.square().mean(0)
+    share, index = (energy / energy.sum()).topk(min(k, len(energy)))
+    return [dict(coordinate=i, share=s, gain=gain[i].item())
+            for s, i in zip(share.tolist(), index.tolist())]
 
 
 COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck,

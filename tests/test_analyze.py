@@ -357,6 +357,24 @@ def test_reach_by_frequency_buckets_the_rows_and_weights_the_targets_by_count():
     assert targets["target_reach_std"] == pytest.approx(math.sqrt(spread))
 
 
+def test_two_massive_coordinates_take_layernorms_variance_and_h_is_as_small_as_their_gains():
+    """top_coordinates' docstring: x = A·(e₀ − e₁) + small noise normalises to z₀ = −z₁ ≈ √(D/2)
+    and z ≈ 0 elsewhere, so ‖h‖ = ‖g ⊙ z‖ ≈ √(D/2)·‖(g₀, g₁)‖, not ‖g‖."""
+    D, A = 8, 1e4
+    X = 0.01 * gaussian(200, D, seed=3)
+    X[:, 0] += A
+    X[:, 1] -= A
+    gain = torch.ones(D, dtype=torch.float64)
+    gain[:2] = torch.tensor([0.01, 0.02], dtype=torch.float64)
+    top = analyze.top_coordinates(X, gain, k=3)
+    assert sum(c["share"] for c in top[:2]) == pytest.approx(1, abs=1e-8)
+    assert {c["coordinate"]: c["gain"] for c in top[:2]} == {0: 0.01, 1: 0.02}
+    h = torch.nn.functional.layer_norm(X, (D,), weight=gain)
+    expected = math.sqrt(D / 2) * math.hypot(0.01, 0.02)
+    assert h.norm(dim=1).mean().item() == pytest.approx(expected, rel=1e-3)
+    assert expected < 0.05 * gain.norm().item()
+
+
 def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_state(
         runs, markov_dir, tmp_path):
     out = cli("rarity", "--run", runs["untied"], "--tokens", 256, "--json", tmp_path / "r.json",
@@ -375,6 +393,10 @@ def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_stat
     gpt, _, _ = analyze.load_checkpoint(runs["untied"] / "ckpt.pt", "cpu")
     assert out["ln_f_gain_norm"] == pytest.approx(gpt.ln_f.weight.norm().item())
     assert out["h_norm_rms"] == pytest.approx(out["ln_f_gain_norm"], rel=0.1)  # near init
+    shares = [c["share"] for c in out["residual_top"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1
+    assert [c["gain"] for c in out["residual_top"]] == pytest.approx(
+        [gpt.ln_f.weight[c["coordinate"]].item() for c in out["residual_top"]])
 
 
 def test_cli_rarity_refuses_a_model_without_mu(runs, tmp_path):
