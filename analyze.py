@@ -528,11 +528,9 @@ def run_logits(args) -> dict:
         precision += heads.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
                                                targets[rows], dtype).cpu()
     bounds = theorem4_bounds(W)
-    h_mean, mu = H.double().mean(0), W.mean(0)
-    h_mu_proj = (h_mean @ mu / mu.norm()).item() if mu.norm() > 0 else 0.0  # l̄/‖μ‖ = h̄·μ̂
+    h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
-                  dtype=args.dtype, h_mu_proj=h_mu_proj,
-                  h_mu_cos=h_mu_proj / h_mean.norm().item() if h_mean.norm() > 0 else 0.0,
+                  dtype=args.dtype, h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
                   **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
                   **dict(zip(heads.PRECISION_STATS, (precision[:-1] / precision[-1]).tolist())),
                   **bounds)
@@ -602,14 +600,12 @@ def run_rarity(args) -> dict:
     H, _ = hidden_states(gpt, cfg, args, args.tokens)
     hook.remove()
     H = H.double()
-    h_mean = H.mean(0)
-    h_mu_proj = (h_mean @ W.mean(0)).item() / mu_norm      # h̄·μ̂
+    h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
-                  h_mean_norm=h_mean.norm().item(),
+                  h_mean_norm=H.mean(0).norm().item(),
                   h_norm_rms=H.square().sum(1).mean().sqrt().item(),
                   ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
-                  h_mu_cos=h_mu_proj / h_mean.norm().item(), **targets,
-                  B_ratio=theorem4_bounds(W)["B_ratio"], buckets=buckets,
+                  h_mu_cos=h_mu_cos, **targets, B_ratio=heads.b_ratio(W), buckets=buckets,
                   residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
                                                gpt.ln_f.weight.detach().double()))
     columns = ("counts", "rows", "reach_mean", "reach_std")

@@ -352,22 +352,22 @@ def gap_table(gaps: list[dict], args) -> str:
     conditions = list(dict.fromkeys(g["condition"] for g in gaps))
     shifts = list(dict.fromkeys(g["shift"] for g in gaps))
     cell = {(g["condition"], g["shift"]): g for g in gaps}
+    header = ["| condition | " + " | ".join(
+        f"{s} (l̄ = {cell[conditions[0], s]['logit_mean']:.0f})" for s in shifts) + " |",
+        "|---" * (len(shifts) + 1) + "|"]
     lines = [f"Final validation loss minus the same condition's unshifted run (same data order), "
              f"after {args.steps} steps at η = {args.lr:g}: mean ± std over the seeds (nats); "
-             f"gaps.csv also holds the gap right after the shift (gap_start).",
-             "", "| condition | " + " | ".join(
-                 f"{s} (l̄ = {cell[conditions[0], s]['logit_mean']:.0f})" for s in shifts) + " |",
-             "|---" * (len(shifts) + 1) + "|"]
+             f"gaps.csv also holds the gap right after the shift (gap_start).", "", *header]
     for condition in conditions:
         lines.append(f"| {condition} | " + " | ".join(
             f"{cell[condition, s]['gap_end_mean']:+.3f} ± {cell[condition, s]['gap_end_std']:.3f}"
             for s in shifts) + " |")
-    lines += ["", "How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| over "
-              "the logged steps, mean over the seeds. In exact arithmetic a shifted run's l̄(t) "
+    lines += ["", "How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
+              "over the logged steps, mean over the seeds. In exact arithmetic a shifted run's l̄(t) "
               "is the unshifted run's plus c·h̄(t): every row shares c, so c·h̄ moves no "
               "prediction, the loss does not hold it, and it follows h̄ along c. Unshifted, "
               "l̄ = μ·h̄ is held: the rows' reach along μ falls with their token's frequency "
-              "(analyze.py rarity).", "", lines[2], lines[3]]
+              "(analyze.py rarity).", "", *header]
     for condition in conditions:
         lines.append(f"| {condition} | " + " | ".join(
             f"{cell[condition, s]['drift_mean']:.0f}" for s in shifts) + " |")

@@ -378,7 +378,7 @@ def _npy_bytes(array):
     return buffer.getvalue()
 
 
-# ----------------------------------------------------------------------------- FineWeb download
+# ----------------------------------------------------------------------------- renumbering
 def prepare_renumbered(source_dir, out_dir):
     """Write source_dir's tokens with the ids its training split uses re-numbered 0 … V′−1, in
     their order, and return V′. Validation tokens that training never uses are dropped (their
@@ -407,6 +407,7 @@ def prepare_renumbered(source_dir, out_dir):
     return len(used)
 
 
+# ----------------------------------------------------------------------------- FineWeb download
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
     """Train shards of SHARD_TOKENS a run of `tokens` training tokens reads, at most all the
     dataset holds (a longer run wraps around): the paper's 13.1B tokens need 132 of

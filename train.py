@@ -163,16 +163,11 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
 
 def head_stats(sums: torch.Tensor, model: GPT) -> dict:
     """The means over all tokens of all processes, from head_stat_sums (all-reduced here), and
-    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (what turns a large ‖μ‖ into a
-    large mean logit: l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂), Lemma 1 averaged over tokens):
-        h_mu_proj = h̄·μ̂ = l̄/‖μ‖,   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1]   (0 where μ = 0).
-    The published 16M baseline at η = 0.3 ends with l̄/‖μ‖ = 1152/331 ≈ 3.5."""
+    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (heads.mean_state_alignment):
+        h_mu_proj = h̄·μ̂ = l̄/‖μ‖ (Lemma 1 over tokens),   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1]."""
     sums, n = all_reduce_sum(sums), len(HEAD_STATS)
     count, h_mean = sums[n], sums[n + 1:] / sums[n]
-    mu = heads.mean_embedding(model.output_weight.detach()).double()
-    mu_hat = mu / mu.norm().clamp(min=torch.finfo(torch.float64).tiny)
-    proj = h_mean @ mu_hat
-    cos = proj / h_mean.norm().clamp(min=torch.finfo(torch.float64).tiny)
+    proj, cos = heads.mean_state_alignment(h_mean, model.output_weight.detach())
     return dict(zip(HEAD_STATS + ALIGN_STATS, (*(sums[:n] / count).tolist(), proj.item(),
                                                cos.item())))
 
