@@ -6,14 +6,12 @@
     logits      --run DIR | --init SIZE    logit statistics, ‖μ‖, B_ratio, Fig. 1 (right), and
                                            what the head's matmul in --dtype loses
     bottleneck  --run DIR | --init SIZE    how much of the loss gradient the LM head lets through
-    rarity      --run DIR [--data DIR]     each output row's reach along μ by its token's training
-                                           count, and the mean hidden state: why h̄ aligns with μ
 
 e.g. python analyze.py verify --run out --tokens 2048 --json verify.json
      python analyze.py verify --b_ratio_scan --exhaustive
 
 The related work's embedding geometry (tied vs untied, probability signatures, the `repeat`
-task over growing vocabularies) is in geometry.py. Every subcommand prints a short table;
+task over growing vocabularies) is in experiments/geometry/geometry.py. Every subcommand prints a short table;
 `--json PATH` writes its numbers and `--plot PATH` a figure (both atomically). A run folder is
 train.py's: config.json + ckpt.pt, and, with `train.py --keep_every N`, weights-only snapshots
 ckpt_step*.pt for curves over training. `--init SIZE` measures a freshly initialised model
@@ -35,6 +33,7 @@ import torch
 
 import data
 import heads
+import measure
 import model
 import store
 import theorem4
@@ -69,10 +68,10 @@ def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 def theorem4_bounds(W: torch.Tensor) -> dict:
-    """‖μ‖, ‖μ‖², the tight bounds B₋, B₊ of Eq. 12 (heads.b_bounds) and B_ratio (Eq. 13)."""
-    b_minus, b_plus, mu_sq = heads.b_bounds(W)
+    """‖μ‖, ‖μ‖², the tight bounds B₋, B₊ of Eq. 12 (measure.b_bounds) and B_ratio (Eq. 13)."""
+    b_minus, b_plus, mu_sq = measure.b_bounds(W)
     return dict(mu_norm=math.sqrt(mu_sq), mu_sq=mu_sq, B_minus=b_minus, B_plus=b_plus,
-                B_ratio=heads.b_ratio(W))
+                B_ratio=measure.b_ratio(W))
 
 
 def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, targets: torch.Tensor,
@@ -221,50 +220,6 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
                 + 2 * ((HtG @ W) ** 2).sum())
         out["sgd_cosine"] = (inner / (m_sq.sqrt() * total.sqrt())).item()
     return out
-
-
-# ── what the loss sees of h·μ̂: the rows' reach along μ by token frequency (pure, float64) ───
-
-COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1), [1, 10), … ≥ 10⁴
-
-
-def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
-    """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,); their mean over the rows is exactly 1.
-
-    Moving a hidden state by s·μ̂ moves logit i by s·‖μ‖·aᵢ. Softmax drops what is common to
-    all i, so the loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ). If every row had aᵢ = 1 (eᵢ = μ plus a
-    part ⊥ μ), h·μ̂ would be invisible to the loss, free to drift, and l̄ = ‖μ‖·(h̄·μ̂) with it.
-    Where aᵢ depends on how often token i occurs, h·μ̂ is a frequency prior that the loss sets:
-    it raises or lowers the rare tokens against the frequent ones."""
-    W = W.double()
-    mu = W.mean(0)
-    return W @ mu / mu.square().sum()
-
-
-def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
-                       edges=COUNT_EDGES) -> tuple[list[dict], dict]:
-    """(per bucket of training counts: rows, mean and std of aᵢ; over the training tokens,
-    each row weighted by its count: the mean and std of aᵢ the targets meet)."""
-    counts = counts.double()
-    buckets = []
-    for low, high in zip(edges, (*edges[1:], math.inf)):
-        rows = (counts >= low) & (counts < high)
-        if rows.any():
-            buckets.append(dict(counts=f"[{low}, {high})" if high < math.inf else f"≥ {low}",
-                                rows=int(rows.sum()), reach_mean=reach[rows].mean().item(),
-                                reach_std=reach[rows].std(correction=0).item()))
-    weight = counts / counts.sum()
-    mean = weight @ reach
-    return buckets, dict(target_reach=mean.item(),
-                         target_reach_std=(weight @ (reach - mean).square()).sqrt().item())
-
-
-def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
-    """How often each token id < vocab_size occurs in the training shards of data_dir (V,)."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for path in data.shard_paths(data_dir, "train"):
-        counts += np.bincount(data.read_shard(path), minlength=vocab_size)[:vocab_size]
-    return torch.from_numpy(counts)
 
 
 # ── models, checkpoints, tokens ───────────────────────────────────────────────────────────────
@@ -494,17 +449,17 @@ def offset_precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tens
     logit of a token by the same c·h, and softmax is shift-invariant per token (the baseline's
     drifting μ does exactly this; μ-centering undoes it). In `dtype` it changes the rounding:
     the stored rows eᵢ + c and the logits near L. One row per L: the mean logit reached,
-    the spacing of bf16 there over the logits' spread σ, and heads.PRECISION_STATS."""
+    the spacing of bf16 there over the logits' spread σ, and measure.PRECISION_STATS."""
     H64 = H.double()
     sigma = torch.cat([(H64[rows] @ W.double().T).std(dim=1, correction=0)
                        for rows in token_chunks(len(H), chunk)]).mean().item()
     table = []
     for target in offsets:
         shifted = W + mean_logit_shift(H, W, target).to(W.dtype)
-        sums = sum(heads.precision_stat_sums(head, H[rows], shifted, targets[rows], dtype).cpu()
+        sums = sum(measure.precision_stat_sums(head, H[rows], shifted, targets[rows], dtype).cpu()
                    for rows in token_chunks(len(H), chunk))
         table.append(dict(offset=target, spacing_over_sigma=bf16_spacing(target) / sigma,
-                          **dict(zip(heads.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))))
+                          **dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))))
     return table
 
 
@@ -512,7 +467,7 @@ def run_logits(args) -> dict:
     """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, the mean hidden state's
     alignment with μ (h_mu_proj = h̄·μ̂ = l̄/‖μ‖, h_mu_cos = cos(h̄, μ), as train.py logs them),
     B_ratio, Fig. 1 (right), and what the head's matmul in --dtype loses
-    (heads.precision_stat_sums, as train.py logs it).
+    (measure.precision_stat_sums, as train.py logs it).
 
     The model runs in --dtype as train.py runs it; the paper's statistics are computed in
     float64 from its hidden states, the precision metrics compare the head's matmul in --dtype
@@ -521,28 +476,28 @@ def run_logits(args) -> dict:
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
     W = output_weight64(gpt)
-    stats = torch.zeros(len(heads.LOGIT_STATS), dtype=torch.float64)
-    precision = torch.zeros(len(heads.PRECISION_STATS) + 1, dtype=torch.float64)  # + count
+    stats = torch.zeros(len(measure.LOGIT_STATS), dtype=torch.float64)
+    precision = torch.zeros(len(measure.PRECISION_STATS) + 1, dtype=torch.float64)  # + count
     for rows in token_chunks(len(H), args.chunk):
-        stats += heads.logit_stat_sums(gpt.head.logits(H[rows].double(), W)).cpu()
-        precision += heads.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
+        stats += measure.logit_stat_sums(gpt.head.logits(H[rows].double(), W)).cpu()
+        precision += measure.precision_stat_sums(gpt.head, H[rows], gpt.output_weight.detach(),
                                                targets[rows], dtype).cpu()
     bounds = theorem4_bounds(W)
-    h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
+    h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   dtype=args.dtype, h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
-                  **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
-                  **dict(zip(heads.PRECISION_STATS, (precision[:-1] / precision[-1]).tolist())),
+                  **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
+                  **dict(zip(measure.PRECISION_STATS, (precision[:-1] / precision[-1]).tolist())),
                   **bounds)
-    names = (*heads.LOGIT_STATS, "mu_norm", "h_mu_proj", "h_mu_cos", "mu_sq", "B_minus",
-             "B_plus", "B_ratio", *heads.PRECISION_STATS)
+    names = (*measure.LOGIT_STATS, "mu_norm", "h_mu_proj", "h_mu_cos", "mu_sq", "B_minus",
+             "B_plus", "B_ratio", *measure.PRECISION_STATS)
     print_table([(name, result[name]) for name in names], ("quantity", "value"),
                 f"logits: {describe(args, cfg, step)}, per-token statistics averaged over "
                 f"{len(H)} tokens; prec_*: the head's matmul in {args.dtype} against float64")
     if args.offsets:
         result["offsets"] = offset_precision(gpt.head, H, gpt.output_weight.detach(), targets,
                                              dtype, args.offsets, args.chunk)
-        columns = ("offset", "spacing_over_sigma", *heads.PRECISION_STATS)
+        columns = ("offset", "spacing_over_sigma", *measure.PRECISION_STATS)
         print_table([tuple(row[c] for c in columns) for row in result["offsets"]], columns,
                     f"every output row shifted by one common vector so that the mean logit is "
                     f"L (exact arithmetic: no change); the head's matmul in {args.dtype}")
@@ -575,68 +530,7 @@ def run_bottleneck(args) -> dict:
     return dict(run=args.run, init=args.init, tokens=n_tokens, trivially_one=trivial, steps=rows)
 
 
-def run_rarity(args) -> dict:
-    """Why h̄ does or does not reach along μ (reach_along_mu derives it): each row's reach
-    aᵢ = eᵢ·μ̂/‖μ‖ by how often its token occurs in the training shards, its mean over the
-    training targets, and B_ratio (the paper's Table 5: small when every eᵢ·μ lies near ‖μ‖²);
-    over N validation tokens, the mean hidden state: ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ).
-
-    h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's gain g bounds that in turn: ‖h‖ = ‖g ⊙ z‖
-    with z of unit RMS, so RMS ‖h‖ ≈ ‖g‖ (ln_f_gain_norm) when the residual's variance spreads
-    evenly over its coordinates, and less when it sits where g is small."""
-    (gpt, cfg, step), = models(args)
-    data_dir = args.data or cfg.get("data")
-    if not data_dir:
-        raise ValueError("rarity needs the training tokens to count; pass --data DIR.")
-    W = output_weight64(gpt)
-    mu_norm = W.mean(0).norm().item()
-    if mu_norm <= 1e-5 * W.norm(dim=1).mean().item():  # μ-centred: μ is float32 rounding
-        raise ValueError(f"μ ≈ 0 (‖μ‖ = {mu_norm:.2g}: a μ-centred model): no direction to "
-                         "measure along; pass a baseline run.")
-    reach, counts = reach_along_mu(W), token_counts(data_dir, gpt.config.vocab_size)
-    buckets, targets = reach_by_frequency(reach, counts)
-    residual = []  # ln_f's input x, the residual stream: where its variance sits
-    hook = gpt.ln_f.register_forward_pre_hook(lambda _, x: residual.append(x[0].flatten(0, 1)))
-    H, _ = hidden_states(gpt, cfg, args, args.tokens)
-    hook.remove()
-    H = H.double()
-    h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
-    result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
-                  h_mean_norm=H.mean(0).norm().item(),
-                  h_norm_rms=H.square().sum(1).mean().sqrt().item(),
-                  ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
-                  h_mu_cos=h_mu_cos, **targets, B_ratio=heads.b_ratio(W), buckets=buckets,
-                  residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
-                                               gpt.ln_f.weight.detach().double()))
-    columns = ("counts", "rows", "reach_mean", "reach_std")
-    print_table([[b[c] for c in columns] for b in buckets], columns,
-                f"rarity: {describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count of token i")
-    names = ("mu_norm", "target_reach", "target_reach_std", "B_ratio", "h_mean_norm",
-             "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
-    print_table([(name, result[name]) for name in names], ("quantity", "value"),
-                f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
-    columns = ("coordinate", "share", "gain")
-    print_table([[c[k] for k in columns] for c in result["residual_top"]], columns,
-                "the residual stream's largest coordinates: their share of its mean square "
-                "over the tokens, and the final LayerNorm's gain on them")
-    if args.plot:
-        plot_reach(reach.cpu().numpy(), counts.numpy(), args.plot)
-    return result
-
-
-def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
-    """The k coordinates of X (N×D) with the largest mean square, each with its share of the
-    total mean square and the gain g on it. A few coordinates that carry nearly all of it
-    ("massive activations") take LayerNorm's unit variance for themselves, so every other
-    coordinate of h comes out small, and h itself is as small as their gains."""
-    energy = X.square().mean(0)
-    share, index = (energy / energy.sum()).topk(min(k, len(energy)))
-    return [dict(coordinate=i, share=s, gain=gain[i].item())
-            for s, i in zip(share.tolist(), index.tolist())]
-
-
-COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck,
-                rarity=run_rarity)
+COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
 
 
 # ── output: tables, JSON, figures ─────────────────────────────────────────────────────────────
@@ -726,19 +620,6 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     for key in keys:
         ax.plot(steps, [r[key] for r in rows], marker="o", label=key)
     ax.set(xlabel="training step", ylabel=ylabel)
-    ax.legend(fontsize="small")
-    save_figure(fig, path)
-
-
-def plot_reach(reach: np.ndarray, counts: np.ndarray, path: str) -> None:
-    """Each row's reach along μ against its token's training count (never seen drawn at 0.5)."""
-    fig, ax = new_axes()
-    ax.scatter(np.maximum(counts, 0.5), reach, s=2, alpha=0.3, color="tab:blue", linewidths=0)
-    ax.axhline(1, color="purple", linestyle="--", label="aᵢ = 1: the row shares μ")
-    ax.axhline(0, color="black", linestyle=":", label="0")
-    ax.set_xscale("log")
-    ax.set(xlabel="training count of token i (never seen: drawn at 0.5)",
-           ylabel="reach along μ, aᵢ = eᵢ·μ̂ / ‖μ‖")
     ax.legend(fontsize="small")
     save_figure(fig, path)
 
@@ -844,11 +725,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "logit is L, and report what --dtype then loses (e.g. 0 100 1000)")
     sub.add_parser("bottleneck", parents=[measurement, model_source(required=True)],
                    help=run_bottleneck.__doc__)
-    sub.add_parser("rarity", parents=[measurement, model_source(required=True)],
-                   help=run_rarity.__doc__.split(":")[0])
     args = p.parse_args(argv)
     if args.command == "verify" and args.plot:
-        p.error("verify draws no figure; drop --plot (logits, bottleneck and rarity draw one)")
+        p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
     if args.command != "bottleneck" and args.tokens is None:
         args.tokens = DEFAULTS["tokens"]
     return args

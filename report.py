@@ -48,7 +48,7 @@ RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
 TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
 METRICS = (("logit_mean", "logit mean  l̄"), ("logit_std", "logit std  σ_l"),
            ("mu_norm", "‖μ‖"), ("logit_absmax", "max |l|"))  # Fig. 3, in the paper's order
-# what the matmul's dtype costs the LM head (heads.precision_stat_sums); drawn where a CSV has it
+# what the matmul's dtype costs the LM head (measure.precision_stat_sums); drawn where a CSV has it
 PRECISION_METRICS = (("prec_err_cast", "input rounding / σ_l"),
                      ("prec_err_round", "result rounding / σ_l"), ("prec_ce_gap", "CE gap (nats)"))
 HEAD_COLORS = {"baseline": "tab:gray", "soft_cap": "tab:orange", "z_loss": "tab:red",
@@ -450,7 +450,7 @@ def bf16_resolution(row):
     √(l̄² + σ_l²) (bf16 keeps 8 significant bits: 2^(⌊log₂ x⌋ − 7), i.e. float64's ulp × 2⁴⁵),
     in units of its logit std σ_l. Each logit rounds at its own magnitude, and most sit within
     a few σ_l of l̄, so the rounding the softmax can see (its spread over the vocabulary,
-    heads.precision_stat_sums) is about this over √12. Not the spacing at max|l|: that is
+    measure.precision_stat_sums) is about this over √12. Not the spacing at max|l|: that is
     where one outlying logit rounds (μ-centering's max|l| is larger than the baseline's on the
     CPU proxy while its rounding is 5× smaller). Near 1 and above, bf16 no longer resolves the
     spread that carries the prediction: the paper's baseline at large η (l̄ ≈ 10³, σ_l ≈ 5)."""

@@ -7,7 +7,7 @@ how often random hidden states break the theorem on random anisotropic matrices.
     python analyze.py verify --exhaustive --b_ratio_scan
 
 Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ, e*ᵢ = eᵢ − μ (μ-centering),
-lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h; B₋, B₊ the tight bounds of Eq. 12 and B_ratio Eq. 13 (heads.b_ratio).
+lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h; B₋, B₊ the tight bounds of Eq. 12 and B_ratio Eq. 13 (measure.b_ratio).
 
 The verdict (this file is its one home; theorem4_audit has each step):
   • For h ∥ μ the equivalence is exact: it restates Eq. 26, B_ratio = max|e*ᵢ·μ| / max|eᵢ·μ|.
@@ -30,7 +30,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-import heads
+import measure
 
 SEARCH_ENTRIES = 2     # exhaustive search: W's entries in {−2, …, 2} …
 SEARCH_H_ENTRIES = 3   # … and h's in {−3, …, 3}
@@ -241,7 +241,7 @@ def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = SCAN_HIDDEN,
         W = draw(V, D) * scales + shift * draw(D)
         H = draw(D, n_hidden)
         larger = ((W - W.mean(0)) @ H).abs().amax(0) > (W @ H).abs().amax(0)
-        out.append(dict(B_ratio=heads.b_ratio(W), larger_share=larger.double().mean().item()))
+        out.append(dict(B_ratio=measure.b_ratio(W), larger_share=larger.double().mean().item()))
     return out
 
 

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fused_loss
 import heads
+import measure
 import store
 from model import GPT, from_config
 from runs import (Dist, FiniteWatch, Run, Throughput, all_reduce_sum, append_log,
@@ -129,15 +130,15 @@ def mu_norm(model: GPT) -> torch.Tensor:
     return heads.mean_embedding(model.output_weight.detach()).norm()
 
 
-HEAD_STATS = heads.LOGIT_STATS + heads.PRECISION_STATS  # logged and summarised per token
+HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS  # logged and summarised per token
 ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
 
 
 @torch.no_grad()
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
                    max_tokens: int | None = None) -> torch.Tensor:
-    """Σ over the tokens of x of the per-token statistics of HEAD_STATS (heads.logit_stat_sums:
-    mean, std, max |l|, log²Z of the logits as the run computes them; heads.precision_stat_sums:
+    """Σ over the tokens of x of the per-token statistics of HEAD_STATS (measure.logit_stat_sums:
+    mean, std, max |l|, log²Z of the logits as the run computes them; measure.precision_stat_sums:
     what the matmul's dtype costs them), the token count, then Σ h (D values): float64
     (8 + D,). Divided by the count they give the means over tokens. STAT_CHUNK tokens at a time.
     With max_tokens, only every k-th token counts, k = ⌈N / max_tokens⌉, so that they spread
@@ -154,8 +155,8 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
     for chunk, targets in zip(h.split(STAT_CHUNK), y.split(STAT_CHUNK)):
         with amp:
             logits = model.head.logits(chunk, model.output_weight)
-        sums[:4] += heads.logit_stat_sums(logits)
-        sums[4:n + 1] += heads.precision_stat_sums(model.head, chunk, model.output_weight,
+        sums[:4] += measure.logit_stat_sums(logits)
+        sums[4:n + 1] += measure.precision_stat_sums(model.head, chunk, model.output_weight,
                                                    targets, matmul_dtype)
     sums[n + 1:] = h.double().sum(dim=0)
     return sums
@@ -163,11 +164,11 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
 
 def head_stats(sums: torch.Tensor, model: GPT) -> dict:
     """The means over all tokens of all processes, from head_stat_sums (all-reduced here), and
-    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (heads.mean_state_alignment):
+    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (measure.mean_state_alignment):
         h_mu_proj = h̄·μ̂ = l̄/‖μ‖ (Lemma 1 over tokens),   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1]."""
     sums, n = all_reduce_sum(sums), len(HEAD_STATS)
     count, h_mean = sums[n], sums[n + 1:] / sums[n]
-    proj, cos = heads.mean_state_alignment(h_mean, model.output_weight.detach())
+    proj, cos = measure.mean_state_alignment(h_mean, model.output_weight.detach())
     return dict(zip(HEAD_STATS + ALIGN_STATS, (*(sums[:n] / count).tolist(), proj.item(),
                                                cos.item())))
 

@@ -6,8 +6,8 @@
 #   bash scripts/gpu_check.sh             # on the GPU machine: files under $OUT, table at the end
 #   DEVICE=cpu bash scripts/gpu_check.sh  # the CPU rehearsal: tiny sizes, a few steps, < 2 min
 #
-# Data: data/shakespeare (3.0 MiB, ignored by git, the text of results/proxy and
-# results/alignment, so the GPU runs read like the CPU ones), made by `prepare`
+# Data: data/shakespeare (3.0 MiB, ignored by git, the text of experiments/proxy and
+# experiments/alignment, so the GPU runs read like the CPU ones), made by `prepare`
 # (scripts/shakespeare.sh, with the GPT-2 vocabulary seeded from tests/assets/gpt2). Copy it
 # with the checkout (device tools: carry data/shakespeare; a symlink must be carried as the
 # folder it points to). DATA overrides it. Nothing below downloads or installs anything.

@@ -19,8 +19,10 @@ import analyze
 import data
 import prepare
 import heads
+import measure
 import model
 import theorem4
+from experiments.alignment import rarity
 
 VOCAB = 64  # the synthetic runs' vocabulary
 
@@ -108,7 +110,7 @@ def test_verify_identities_hold_to_float64_precision_with_the_projects_centering
                  "prop3_loss_dev", "eq26_dev"):
         assert out[name] < 1e-12 * out["max_abs_logit"], name
     assert 0 < out["lemma2_ratio"] <= 1
-    assert out["B_ratio"] == pytest.approx(heads.b_ratio(W), abs=0)
+    assert out["B_ratio"] == pytest.approx(measure.b_ratio(W), abs=0)
 
 
 def test_verify_reports_the_failing_step_of_theorem_4():
@@ -127,7 +129,7 @@ def test_verify_reports_the_failing_step_of_theorem_4():
 
 def test_logit_statistics_per_token():
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, -6.0]], dtype=torch.float64)
-    out = dict(zip(heads.LOGIT_STATS, heads.logit_stat_sums(logits).tolist()))
+    out = dict(zip(measure.LOGIT_STATS, measure.logit_stat_sums(logits).tolist()))
     assert out["logit_mean"] == pytest.approx(2.0 + -2.0)
     assert out["logit_std"] == pytest.approx(math.sqrt(2 / 3) + math.sqrt(8))
     assert out["logit_absmax"] == pytest.approx(3 + 6)
@@ -166,7 +168,7 @@ def test_audit_premises_and_the_strict_backward_counterexample():
     def terms(E, h):
         e = torch.tensor(E, dtype=torch.float64)
         e_star, h = e - e.mean(0), torch.tensor(h, dtype=torch.float64)
-        return (heads.b_ratio(e), (e_star ** 2).sum(1).max().item(), (e ** 2).sum(1).max().item(),
+        return (measure.b_ratio(e), (e_star ** 2).sum(1).max().item(), (e ** 2).sum(1).max().item(),
                 (e_star @ h).abs().max().item(), (e @ h).abs().max().item())
     b2, norm2_star, norm2, l2_star, l2 = terms(theorem4.E2, theorem4.H2)
     assert b2 == pytest.approx(1 / 3) and norm2_star == pytest.approx(8 / 9) and norm2 == 1
@@ -245,6 +247,10 @@ def runs(markov_dir, tmp_path_factory):
 
 def cli(*argv):
     return analyze.main([str(a) for a in argv])
+
+
+def rarity_cli(*argv):
+    return rarity.main([str(a) for a in argv])
 
 
 def test_cli_verify_on_a_run_and_its_json(runs, tmp_path, capsys):
@@ -330,7 +336,7 @@ def test_moving_h_along_mu_is_seen_only_through_the_spread_of_the_rows_reach():
     s‖μ‖a) − logsumexp(l)); with every aᵢ = 1 (rows = μ + parts ⊥ μ) nothing changes."""
     W, h = gaussian(6, 3, seed=1) + torch.tensor([2.0, 0.0, 1.0]), gaussian(5, 3, seed=2)
     targets, s = torch.tensor([0, 1, 2, 3, 5]), 0.7
-    a, mu_norm = analyze.reach_along_mu(W), W.mean(0).norm()
+    a, mu_norm = rarity.reach_along_mu(W), W.mean(0).norm()
     assert a.mean().item() == pytest.approx(1, abs=1e-14) and a.std() > 0.1
     logits = h @ W.T
     expected = s * mu_norm * a[targets] - (torch.logsumexp(logits + s * mu_norm * a, -1)
@@ -339,7 +345,7 @@ def test_moving_h_along_mu_is_seen_only_through_the_spread_of_the_rows_reach():
     assert torch.allclose(change, expected, atol=1e-12) and change.abs().max() > 0.1
     mu_hat = W.mean(0) / mu_norm
     shared = W - torch.outer(W @ mu_hat, mu_hat) + W.mean(0)  # every row reaches ‖μ‖ along μ̂
-    assert torch.allclose(analyze.reach_along_mu(shared), torch.ones(6, dtype=torch.float64))
+    assert torch.allclose(rarity.reach_along_mu(shared), torch.ones(6, dtype=torch.float64))
     assert torch.allclose(shifted_log_probs(shared, h, targets, s),
                           shifted_log_probs(shared, h, targets, 0), atol=1e-12)
 
@@ -347,7 +353,7 @@ def test_moving_h_along_mu_is_seen_only_through_the_spread_of_the_rows_reach():
 def test_reach_by_frequency_buckets_the_rows_and_weights_the_targets_by_count():
     reach = torch.tensor([1.0, 1.2, 0.8, 0.5, 0.1], dtype=torch.float64)
     counts = torch.tensor([0, 0, 5, 50, 20_000])
-    buckets, targets = analyze.reach_by_frequency(reach, counts)
+    buckets, targets = rarity.reach_by_frequency(reach, counts)
     assert [(b["counts"], b["rows"]) for b in buckets] == [
         ("[0, 1)", 2), ("[1, 10)", 1), ("[10, 100)", 1), ("≥ 10000", 1)]  # empty ones left out
     assert (buckets[0]["reach_mean"], buckets[0]["reach_std"]) == pytest.approx((1.1, 0.1))
@@ -366,7 +372,7 @@ def test_two_massive_coordinates_take_layernorms_variance_and_h_is_as_small_as_t
     X[:, 1] -= A
     gain = torch.ones(D, dtype=torch.float64)
     gain[:2] = torch.tensor([0.01, 0.02], dtype=torch.float64)
-    top = analyze.top_coordinates(X, gain, k=3)
+    top = rarity.top_coordinates(X, gain, k=3)
     assert sum(c["share"] for c in top[:2]) == pytest.approx(1, abs=1e-8)
     assert {c["coordinate"]: c["gain"] for c in top[:2]} == {0: 0.01, 1: 0.02}
     h = torch.nn.functional.layer_norm(X, (D,), weight=gain)
@@ -377,11 +383,11 @@ def test_two_massive_coordinates_take_layernorms_variance_and_h_is_as_small_as_t
 
 def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_state(
         runs, markov_dir, tmp_path):
-    out = cli("rarity", "--run", runs["untied"], "--tokens", 256, "--json", tmp_path / "r.json",
+    out = rarity_cli("--run", runs["untied"], "--tokens", 256, "--json", tmp_path / "r.json",
               "--plot", tmp_path / "reach.png")
     assert json.loads((tmp_path / "r.json").read_text()) == out
     assert (tmp_path / "reach.png").stat().st_size > 1000
-    counts = analyze.token_counts(markov_dir, VOCAB)
+    counts = rarity.token_counts(markov_dir, VOCAB)
     assert sum(b["rows"] for b in out["buckets"]) == VOCAB
     assert counts.sum() == sum(len(data.read_shard(path))
                                for path in data.shard_paths(markov_dir, "train"))
@@ -408,7 +414,7 @@ def test_cli_rarity_refuses_a_model_without_mu(runs, tmp_path):
     (centred / "config.json").write_text(json.dumps(cfg))
     torch.save(dict(model=gpt.state_dict(), step=step, config=cfg), centred / "ckpt.pt")
     with pytest.raises(SystemExit, match="no direction to measure along") as excinfo:
-        cli("rarity", "--run", centred)
+        rarity_cli("--run", centred)
     one_sentence(excinfo)
 
 

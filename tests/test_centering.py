@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import heads
+import measure
 import model
 
 V, T, STEPS = 512, 32, 40
@@ -64,11 +65,11 @@ def test_tied_centering_changes_the_function():
     assert (centred - base).abs().max() > 1e-2
 
 
-# ---- what the matmul's dtype costs (heads.precision_stat_sums) --------------------------------
+# ---- what the matmul's dtype costs (measure.precision_stat_sums) --------------------------------
 
 def precision(weight, h, targets, dtype=torch.bfloat16, head="baseline"):
-    sums = heads.precision_stat_sums(heads.build(head), h, weight, targets, dtype)
-    return dict(zip(heads.PRECISION_STATS, (sums[:3] / sums[3]).tolist()))
+    sums = measure.precision_stat_sums(heads.build(head), h, weight, targets, dtype)
+    return dict(zip(measure.PRECISION_STATS, (sums[:3] / sums[3]).tolist()))
 
 
 @pytest.fixture

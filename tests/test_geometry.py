@@ -9,7 +9,7 @@ import torch
 
 import data
 import prepare
-import geometry
+from experiments.geometry import geometry
 from test_analyze import VOCAB, gaussian, markov_dir, runs, tiny_model  # noqa: F401 (fixtures)
 
 

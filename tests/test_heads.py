@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import heads
+import measure
 
 F64 = torch.float64
 LAM, CAP = 0.3, 2.0  # far from the defaults so every regulariser and the cap actually matter
@@ -314,15 +315,15 @@ def test_b_ratio_is_the_ratio_of_max_abs_dot_products_eq_25_26(V, D, seed):
     e = anisotropic(V, D, seed)
     mu = e.sum(0) / V
     expected = (centred(e) @ mu).abs().max() / (e @ mu).abs().max()
-    assert heads.b_ratio(e) == pytest.approx(expected.item(), rel=1e-12)
+    assert measure.b_ratio(e) == pytest.approx(expected.item(), rel=1e-12)
     # (i): so B_ratio <= 1 <=> max|l*| <= max|l| holds exactly in the direction h = mu
-    assert (heads.b_ratio(e) <= 1) == (max_abs_logit(centred(e), mu) <= max_abs_logit(e, mu))
+    assert (measure.b_ratio(e) <= 1) == (max_abs_logit(centred(e), mu) <= max_abs_logit(e, mu))
 
 
 def test_b_ratio_edge_cases_and_input_types():
-    assert heads.b_ratio(centred(E1)) == 1.0                          # mu = 0: 0/0 defined as 1
-    assert heads.b_ratio(torch.nn.Parameter(E1.float())) == pytest.approx(2 / 3, rel=1e-7)
-    assert isinstance(heads.b_ratio(E1), float)
+    assert measure.b_ratio(centred(E1)) == 1.0                          # mu = 0: 0/0 defined as 1
+    assert measure.b_ratio(torch.nn.Parameter(E1.float())) == pytest.approx(2 / 3, rel=1e-7)
+    assert isinstance(measure.b_ratio(E1), float)
 
 
 def test_eq_13_needs_tight_bounds():
@@ -330,7 +331,7 @@ def test_eq_13_needs_tight_bounds():
     mu2 = 1 / 9
     b_minus, b_plus = 1.0, 1 / 3 - mu2
     assert max(b_minus, b_plus) / max(b_minus - mu2, b_plus + mu2) == pytest.approx(9 / 8)
-    assert heads.b_ratio(E1) == pytest.approx(2 / 3, rel=1e-14)
+    assert measure.b_ratio(E1) == pytest.approx(2 / 3, rel=1e-14)
 
 
 def test_eq_32_max_of_sum_is_not_sum_of_maxes():
@@ -349,18 +350,18 @@ def test_eq_33_as_printed_is_not_the_line_above_and_not_negative():
     line2 = ((e_star @ mu_hat) ** 2).max() - ((E1 @ mu_hat) ** 2).max()     # parallel parts
     printed = (e_star @ mu_hat).abs().max() - (E1 @ mu).abs().max()       # as in the paper
     assert line2.item() == pytest.approx(-5 / 9) and printed.item() == pytest.approx(1 / 3)
-    assert heads.b_ratio(E1) <= 1 and printed > 0
+    assert measure.b_ratio(E1) <= 1 and printed > 0
 
 
 def test_eq_34_norms_can_grow_although_b_ratio_is_at_most_1():
-    assert heads.b_ratio(E1) == pytest.approx(2 / 3)
+    assert measure.b_ratio(E1) == pytest.approx(2 / 3)
     assert max_sq_norm(centred(E1)) == pytest.approx(10 / 9) and max_sq_norm(E1) == 1.0
 
 
 def test_lemma_2_step_smaller_bound_does_not_mean_smaller_logit():
     h = torch.tensor([-3.0, 2.0], dtype=F64)
     assert max_sq_norm(centred(E2)) == pytest.approx(8 / 9) and max_sq_norm(E2) == 1.0
-    assert heads.b_ratio(E2) == pytest.approx(1 / 3)
+    assert measure.b_ratio(E2) == pytest.approx(1 / 3)
     assert max_abs_logit(E2, h) == 3.0
     assert max_abs_logit(centred(E2), h) == pytest.approx(10 / 3)   # Eq. 14 "=>" fails too
 
@@ -369,17 +370,17 @@ def test_eq_14_fails_strictly_both_ways_smallest_examples_of_b_ratio_docstring()
     """⇒: E₂, B_ratio = 1/3, h = (−1, 1): max|l*| = 4/3 > 1 = max|l|.
     ⇐: E₃, B_ratio = 4/3, h = (1, 1): max|l*| = 5/3 < 2 = max|l| (strict, unlike h ⊥ μ)."""
     h2, h3 = torch.tensor([-1.0, 1.0], dtype=F64), torch.tensor([1.0, 1.0], dtype=F64)
-    assert heads.b_ratio(E2) == pytest.approx(1 / 3, rel=1e-14)
+    assert measure.b_ratio(E2) == pytest.approx(1 / 3, rel=1e-14)
     assert max_abs_logit(E2, h2) == 1.0 and max_abs_logit(centred(E2), h2) == pytest.approx(4 / 3)
-    assert heads.b_ratio(E3) == pytest.approx(4 / 3, rel=1e-14)
+    assert measure.b_ratio(E3) == pytest.approx(4 / 3, rel=1e-14)
     assert max_abs_logit(E3, h3) == 2.0 and max_abs_logit(centred(E3), h3) == pytest.approx(5 / 3)
 
 
 def test_b_bounds_are_the_tight_bounds_of_eq_12():
-    b_minus, b_plus, mu_sq = heads.b_bounds(E1)                  # e·μ = (1/3, 0, 0), ‖μ‖² = 1/9
+    b_minus, b_plus, mu_sq = measure.b_bounds(E1)                  # e·μ = (1/3, 0, 0), ‖μ‖² = 1/9
     assert (b_minus, b_plus, mu_sq) == pytest.approx((1 / 9, 2 / 9, 1 / 9), rel=1e-14)
     e = anisotropic(100, 16, 2)
-    b_minus, b_plus, mu_sq = heads.b_bounds(e)
+    b_minus, b_plus, mu_sq = measure.b_bounds(e)
     dots = e @ e.mean(0)
     assert dots.min().item() == pytest.approx(mu_sq - b_minus) and b_minus >= 0 and b_plus >= 0
     assert dots.max().item() == pytest.approx(mu_sq + b_plus)
@@ -387,13 +388,13 @@ def test_b_bounds_are_the_tight_bounds_of_eq_12():
 
 def test_eq_14_forward_fails_for_a_given_h():
     h = torch.tensor([1.0, -3.0], dtype=F64)
-    assert heads.b_ratio(E1) <= 1
+    assert measure.b_ratio(E1) <= 1
     assert max_abs_logit(E1, h) == 3.0 and max_abs_logit(centred(E1), h) == pytest.approx(10 / 3)
 
 
 def test_eq_14_backward_fails_for_a_given_h_and_for_the_norm_bound():
     h = torch.tensor([0.0, 1.0], dtype=F64)                       # h ⊥ mu: l* = l
-    assert heads.b_ratio(E3) == pytest.approx(4 / 3)
+    assert measure.b_ratio(E3) == pytest.approx(4 / 3)
     assert max_abs_logit(centred(E3), h) == max_abs_logit(E3, h) == 1.0
     assert max_sq_norm(centred(E3)) == pytest.approx(16 / 9) and max_sq_norm(E3) == 2.0
 
@@ -421,4 +422,4 @@ def test_no_counterexample_exists_for_v2_or_d1():
         e2, H = anisotropic(2, 5, seed), rand(5, 64, seed=seed + 50)
         assert ((centred(e2) @ H).abs().amax(0) <= (e2 @ H).abs().amax(0) + 1e-12).all()
         e1, h = anisotropic(7, 1, seed), rand(1, seed=seed + 60)
-        assert (heads.b_ratio(e1) <= 1) == (max_abs_logit(centred(e1), h) <= max_abs_logit(e1, h))
+        assert (measure.b_ratio(e1) <= 1) == (max_abs_logit(centred(e1), h) <= max_abs_logit(e1, h))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import mechanism
+from experiments.mechanism import mechanism
 from model import from_config
 
 CONFIG = {"size": "tiny", "vocab_size": 128, "seq_len": 16}

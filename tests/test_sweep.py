@@ -480,7 +480,7 @@ def test_plot_writes_png_and_pdf_beside_the_paper(hand_made_runs, tmp_path):
     assert not list(out.glob(".*"))
 
 
-PROXY = ROOT / "results" / "proxy" / "results.csv"
+PROXY = ROOT / "experiments" / "proxy" / "results" / "results.csv"
 
 
 def drawn_figures(csv_path):

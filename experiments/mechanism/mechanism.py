@@ -1,8 +1,7 @@
 """The divergence mechanism, shown in training: one common shift of all output rows, then
 training continued under five numerics, from an untied bf16 baseline this command trains itself.
 
-    python mechanism.py --data data/shakespeare --out results/mechanism     # ~45 min, 2 cores
-    bash scripts/mechanism.sh                                               # the same, data too
+    bash experiments/mechanism/run.sh       # ~45 min on 2 cores, the data too
 
 Why the conditions are one run in exact arithmetic. Let W be the V × D output matrix, c ∈ ℝᴰ any
 vector and W' = W + 1cᵀ (every row eᵢ moved by c). For any hidden state h:
@@ -47,6 +46,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
+sys.path.insert(0, str(ROOT))
 import analyze
 import data
 import fused_loss
@@ -72,7 +73,7 @@ CONDITIONS = {
 }
 LEVELS = (0, 100, 300, 1000, 3000)  # the mean logits L of the `along` shifts
 ORTHO_LEVEL = 1000                  # the `ortho` shift has the length of along L = 1000
-# The base run: scripts/proxy.sh's proxy setting at η = 0.3, the issue's long run cut short.
+# The base run: experiments/proxy/run.sh's setting at η = 0.3, the issue's long run cut short.
 BASE = dict(size="tiny", head="baseline", lr=0.3, dtype="bfloat16", batch_size=4, seq_len=64)
 
 
@@ -187,7 +188,7 @@ def train_base(args) -> Path:
     """The untied bf16 baseline, trained by train.py (resumed if cut off): its ckpt.pt."""
     out = Path(args.work) / "base"
     if not (out / "summary.json").exists():
-        command = [sys.executable, str(Path(__file__).with_name("train.py")), "--data",
+        command = [sys.executable, str(ROOT / "train.py"), "--data",
                    args.data, "--out_dir", str(out), "--steps", str(args.base_steps),
                    "--eval_every", "0", "--eval_tokens", "65536", "--stat_tokens", "4096",
                    "--log_every", "100", "--save_every", "250", "--resume"]
@@ -367,7 +368,7 @@ def gap_table(gaps: list[dict], args) -> str:
               "is the unshifted run's plus c·h̄(t): every row shares c, so c·h̄ moves no "
               "prediction, the loss does not hold it, and it follows h̄ along c. Unshifted, "
               "l̄ = μ·h̄ is held: the rows' reach along μ falls with their token's frequency "
-              "(analyze.py rarity).", "", *header]
+              "(experiments/alignment/rarity.py).", "", *header]
     for condition in conditions:
         lines.append(f"| {condition} | " + " | ".join(
             f"{cell[condition, s]['drift_mean']:.0f}" for s in shifts) + " |")
@@ -441,7 +442,7 @@ def build_parser():
     a = p.add_argument
     a("--data", default="data/shakespeare", help="a folder of shards (scripts/shakespeare.sh)")
     a("--work", default="runs/mechanism", help="the base run and one JSON per continued run")
-    a("--out", default="results/mechanism", help="the CSVs, table and figures")
+    a("--out", default="experiments/mechanism/results", help="the CSVs, table and figures")
     a("--base_steps", type=store.positive_int, default=2000, help="steps of the base run")
     a("--steps", type=store.positive_int, default=300, help="steps of each continued run")
     a("--lr", type=store.positive_float, default=0.03, help="constant η of the continued runs")

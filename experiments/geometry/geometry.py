@@ -4,7 +4,7 @@
     signatures  --run DIR                 embeddings vs probability signatures (context staircase)
     trivial     --out DIR                 the `repeat` task over growing vocabularies (train.py)
 
-e.g. python geometry.py signatures --run out --plot signatures.png
+e.g. python experiments/geometry/geometry.py signatures --run out --plot signatures.png
 
 Run folders, --json, --plot, --device and the error handling are analyze.py's (whose checks
 are this paper's own); all measurements run in float64. Notation: an embedding matrix has one
@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
+sys.path.insert(0, str(ROOT))
 import analyze
 import data
 import heads
@@ -333,7 +335,7 @@ def run_trivial(args) -> dict:
     confound by training each V for max(--steps, ⌈S·V/batch⌉) steps. Each V gets fresh data
     (prepare.py synthetic, enough that no sequence repeats) and its own run (train.py); both are
     skipped when already there, so an interrupted sweep resumes."""
-    here, out = Path(__file__).resolve().parent, Path(args.out)
+    here, out = ROOT, Path(args.out)
     batch, T = args.batch_size, args.seq_len
     eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:

@@ -6,16 +6,16 @@
 # to the token ids its training split uses (prepare.py renumber), so that no output row belongs
 # to a token training never shows. Every run logs ‖μ‖, the
 # mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
-#   bash scripts/alignment.sh [VARIANT ...]   # default: base lr1 small batch16 seq512 long dense
+#   bash experiments/alignment/run.sh [VARIANT ...]   # default: base lr1 small batch16 seq512 long dense
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
 # so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
-# One core per run, two runs at once. Then results/alignment/ gets results.csv, curves_<v>.png
-# and, for each baseline, rarity_<v>.json and .png (analyze.py rarity: what holds h̄·μ̂).
+# One core per run, two runs at once. Then experiments/alignment/results/ gets results.csv, curves_<v>.png
+# and, for each baseline, rarity_<v>.json and .png (rarity.py: what holds h̄·μ̂).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/alignment}
-OUT=${OUT_DIR:-results/alignment}
+OUT=${OUT_DIR:-experiments/alignment/results}
 [ -d data/shakespeare ] || bash scripts/shakespeare.sh
 
 declare -A FACTOR=(
@@ -45,6 +45,6 @@ mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
 for v in "${variants[@]}"; do
     python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
-    python analyze.py rarity --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
+    python experiments/alignment/rarity.py --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
         --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"
 done

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Reproduces results/proxy/ (README, "What you should see") on a 2-core CPU: the text, the
+# Reproduces experiments/proxy/results/ (README, "What you should see") on a 2-core CPU: the text, the
 # proxy grid (70 runs), the second seeds where heads part ways, then results.csv, the tables
 # and the figures. Resumable: run it again after an interruption. About 2 hours on 2 idle cores.
-#   bash scripts/proxy.sh          # RUNS=runs/proxy OUT_DIR=results/proxy by default
+#   bash experiments/proxy/run.sh   # RUNS=runs/proxy OUT_DIR=experiments/proxy/results by default
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/proxy}
-OUT=${OUT_DIR:-results/proxy}
+OUT=${OUT_DIR:-experiments/proxy/results}
 
 # Real text that no test of ours generates: Shakespeare's plays (scripts/shakespeare.sh).
 [ -d data/shakespeare ] || bash scripts/shakespeare.sh

@@ -1,0 +1,153 @@
+"""Why h̄·μ̂ stays small in the CPU proxy: each output row's reach along μ by how often its token
+occurs in training, the mean hidden state, and the residual coordinates that bound it.
+
+    python experiments/alignment/rarity.py --run DIR [--data DIR] --tokens 4096 --json r.json \
+        --plot r.png
+
+--run, --data, --tokens, --json, --plot and the error handling are analyze.py's.
+"""
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
+sys.path.insert(0, str(ROOT))
+import analyze
+import data
+import measure
+
+COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1), [1, 10), … ≥ 10⁴
+
+
+def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
+    """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,); their mean over the rows is exactly 1.
+
+    Moving a hidden state by s·μ̂ moves logit i by s·‖μ‖·aᵢ. Softmax drops what is common to
+    all i, so the loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ). If every row had aᵢ = 1 (eᵢ = μ plus a
+    part ⊥ μ), h·μ̂ would be invisible to the loss, free to drift, and l̄ = ‖μ‖·(h̄·μ̂) with it.
+    Where aᵢ depends on how often token i occurs, h·μ̂ is a frequency prior that the loss sets:
+    it raises or lowers the rare tokens against the frequent ones."""
+    W = W.double()
+    mu = W.mean(0)
+    return W @ mu / mu.square().sum()
+
+
+def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
+                       edges=COUNT_EDGES) -> tuple[list[dict], dict]:
+    """(per bucket of training counts: rows, mean and std of aᵢ; over the training tokens,
+    each row weighted by its count: the mean and std of aᵢ the targets meet)."""
+    counts = counts.double()
+    buckets = []
+    for low, high in zip(edges, (*edges[1:], math.inf)):
+        rows = (counts >= low) & (counts < high)
+        if rows.any():
+            buckets.append(dict(counts=f"[{low}, {high})" if high < math.inf else f"≥ {low}",
+                                rows=int(rows.sum()), reach_mean=reach[rows].mean().item(),
+                                reach_std=reach[rows].std(correction=0).item()))
+    weight = counts / counts.sum()
+    mean = weight @ reach
+    return buckets, dict(target_reach=mean.item(),
+                         target_reach_std=(weight @ (reach - mean).square()).sqrt().item())
+
+
+def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
+    """How often each token id < vocab_size occurs in the training shards of data_dir (V,)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for path in data.shard_paths(data_dir, "train"):
+        counts += np.bincount(data.read_shard(path), minlength=vocab_size)[:vocab_size]
+    return torch.from_numpy(counts)
+
+
+def run_rarity(args) -> dict:
+    """Why h̄ does or does not reach along μ (reach_along_mu derives it): each row's reach
+    aᵢ = eᵢ·μ̂/‖μ‖ by how often its token occurs in the training shards, its mean over the
+    training targets, and B_ratio (the paper's Table 5: small when every eᵢ·μ lies near ‖μ‖²);
+    over N validation tokens, the mean hidden state: ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ).
+
+    h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's gain g bounds that in turn: ‖h‖ = ‖g ⊙ z‖
+    with z of unit RMS, so RMS ‖h‖ ≈ ‖g‖ (ln_f_gain_norm) when the residual's variance spreads
+    evenly over its coordinates, and less when it sits where g is small."""
+    (gpt, cfg, step), = analyze.models(args)
+    data_dir = args.data or cfg.get("data")
+    if not data_dir:
+        raise ValueError("rarity needs the training tokens to count; pass --data DIR.")
+    W = analyze.output_weight64(gpt)
+    mu_norm = W.mean(0).norm().item()
+    if mu_norm <= 1e-5 * W.norm(dim=1).mean().item():  # μ-centred: μ is float32 rounding
+        raise ValueError(f"μ ≈ 0 (‖μ‖ = {mu_norm:.2g}: a μ-centred model): no direction to "
+                         "measure along; pass a baseline run.")
+    reach, counts = reach_along_mu(W), token_counts(data_dir, gpt.config.vocab_size)
+    buckets, targets = reach_by_frequency(reach, counts)
+    residual = []  # ln_f's input x, the residual stream: where its variance sits
+    hook = gpt.ln_f.register_forward_pre_hook(lambda _, x: residual.append(x[0].flatten(0, 1)))
+    H, _ = analyze.hidden_states(gpt, cfg, args, args.tokens)
+    hook.remove()
+    H = H.double()
+    h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
+    result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
+                  h_mean_norm=H.mean(0).norm().item(),
+                  h_norm_rms=H.square().sum(1).mean().sqrt().item(),
+                  ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
+                  h_mu_cos=h_mu_cos, **targets, B_ratio=measure.b_ratio(W), buckets=buckets,
+                  residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
+                                               gpt.ln_f.weight.detach().double()))
+    columns = ("counts", "rows", "reach_mean", "reach_std")
+    analyze.print_table([[b[c] for c in columns] for b in buckets], columns,
+                f"rarity: {analyze.describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count of token i")
+    names = ("mu_norm", "target_reach", "target_reach_std", "B_ratio", "h_mean_norm",
+             "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
+    analyze.print_table([(name, result[name]) for name in names], ("quantity", "value"),
+                f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
+    columns = ("coordinate", "share", "gain")
+    analyze.print_table([[c[k] for k in columns] for c in result["residual_top"]], columns,
+                "the residual stream's largest coordinates: their share of its mean square "
+                "over the tokens, and the final LayerNorm's gain on them")
+    if args.plot:
+        plot_reach(reach.cpu().numpy(), counts.numpy(), args.plot)
+    return result
+
+
+def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
+    """The k coordinates of X (N×D) with the largest mean square, each with its share of the
+    total mean square and the gain g on it. A few coordinates that carry nearly all of it
+    ("massive activations") take LayerNorm's unit variance for themselves, so every other
+    coordinate of h comes out small, and h itself is as small as their gains."""
+    energy = X.square().mean(0)
+    share, index = (energy / energy.sum()).topk(min(k, len(energy)))
+    return [dict(coordinate=i, share=s, gain=gain[i].item())
+            for s, i in zip(share.tolist(), index.tolist())]
+
+
+def plot_reach(reach: np.ndarray, counts: np.ndarray, path: str) -> None:
+    """Each row's reach along μ against its token's training count (never seen drawn at 0.5)."""
+    fig, ax = analyze.new_axes()
+    ax.scatter(np.maximum(counts, 0.5), reach, s=2, alpha=0.3, color="tab:blue", linewidths=0)
+    ax.axhline(1, color="purple", linestyle="--", label="aᵢ = 1: the row shares μ")
+    ax.axhline(0, color="black", linestyle=":", label="0")
+    ax.set_xscale("log")
+    ax.set(xlabel="training count of token i (never seen: drawn at 0.5)",
+           ylabel="reach along μ, aᵢ = eᵢ·μ̂ / ‖μ‖")
+    ax.legend(fontsize="small")
+    analyze.save_figure(fig, path)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    _, measurement = analyze.shared_options()
+    p = argparse.ArgumentParser(description=__doc__, parents=[measurement,
+                                analyze.model_source(required=True)],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    args = p.parse_args(argv)
+    args.command, args.tokens = "rarity", args.tokens or analyze.DEFAULTS["tokens"]
+    return args
+
+
+def main(argv=None) -> dict:
+    return analyze.execute(parse_args(argv), dict(rarity=run_rarity), "rarity.py")
+
+
+if __name__ == "__main__":
+    main()
