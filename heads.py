@@ -28,10 +28,10 @@ regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=t
 runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
 head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
 tokens (no NaN); ids are not checked here (that needs a device sync).
-`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path:
-train.py sets it by default on CPU (64 tokens a chunk, ~1.7× faster there), so `forward` below
-is the reference that runs on CUDA and with --loss_chunk 0, and the chunked path is tested
-against it (tests/test_fused_loss.py).
+`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path,
+which train.py uses by default on CPU (`python bench.py --device cpu --sizes tiny --loss_paths
+plain chunked` times both on your machine); `forward` below is the reference that runs on CUDA
+and with --loss_chunk 0, and tests/test_fused_loss.py holds the chunked path to it.
 """
 import math
 
@@ -111,8 +111,7 @@ class Head(nn.Module):
         if self.uses_log_z:  # log Z_r = CE_r + l_r,t: no second pass over the N × V logits
             log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
         reg = self.regulariser(weight, log_z, keep)
-        if reg is None:  # the loss is ce itself, not ce + 0: torch.compile (2.13) folds ce + 0
-            # into an alias of ce, which then loses its grad next to the ce.detach() of the stats
+        if reg is None:
             return ce, {"ce": ce.detach(), "reg": torch.zeros_like(ce)}
         return ce + reg, {"ce": ce.detach(), "reg": reg.detach()}
 
