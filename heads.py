@@ -13,7 +13,7 @@ V rows, padded rows included) and l̄ = (1/V) Σᵢ lᵢ the mean logit (Eq. 8).
 
 Lemma 1 (mean logit = μ·h).  l̄ = (1/V) Σᵢ eᵢ·h = ((1/V) Σᵢ eᵢ)·h = μ·h   (linearity)
 Lemma 2 (logit range).  |lⱼ| = |eⱼ·h| ≤ ‖eⱼ‖·‖h‖ ≤ maxᵢ‖eᵢ‖·‖h‖   (Cauchy–Schwarz); attained
-    for the worst unit h, only an upper bound for a given h (Theorem 4: measure.b_ratio).
+    for the worst unit h, only an upper bound for a given h (Theorem 4: theorem4.py).
 So a common shift μ of all rows moves every logit of a token by μ·h: the motivation for centering.
 
 Variants (`HEADS`; each class carries its hyperparameters and their defaults):
