@@ -20,6 +20,7 @@ import torch
 
 import data
 import prepare
+import runs
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -550,7 +551,8 @@ def test_ctrl_c_ends_in_one_line_and_exit_code_130(markov_data, tmp_path):
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130
-    assert err == "train.py: interrupted; --resume continues from the last checkpoint\n"
+    assert err == ("train.py: interrupted; no checkpoint yet (every --save_every 1000 steps), so "
+                   "--resume starts at step 0\n")
 
 
 def test_command_line_errors_come_without_a_traceback(tmp_path):
@@ -691,14 +693,14 @@ def test_cpu_threads_are_the_idle_cores_shared_by_the_processes_of_a_node(monkey
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 0.0, 0.0))
-    assert train.choose_cpu_threads(cpu) == 5            # 8 cores, 2.6 busy
+    assert runs.choose_cpu_threads(cpu) == 5            # 8 cores, 2.6 busy
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert train.choose_cpu_threads(cpu) == 2
+    assert runs.choose_cpu_threads(cpu) == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
-    assert train.choose_cpu_threads(cpu) == 1            # overloaded: still one
+    assert runs.choose_cpu_threads(cpu) == 1            # overloaded: still one
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     torch.set_num_threads(3)
-    assert train.choose_cpu_threads(cpu) == 3            # the user's choice stands
+    assert runs.choose_cpu_threads(cpu) == 3            # the user's choice stands
 
 
 def test_a_folder_holding_a_run_is_refused_before_the_data_is_looked_at(tmp_path):
