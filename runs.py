@@ -90,26 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
-    a("--keep_every", type=non_negative_int, default=0,
-      help="also keep ckpt_step{step:07d}.pt (weights only) every N steps; 0 = never")
-    a("--stop_at", type=non_negative_int, default=0,
-      help="end the process after this step as if killed (no summary); 0 = never")
+    a("--keep_every", type=non_negative_int, default=0, help="keep the weights every N steps "
+      "too, in ckpt_step{step:07d}.pt; 0 = never")
+    a("--stop_at", type=non_negative_int, default=0, help="end after this step as if killed")
     a = p.add_argument_group("measurement").add_argument
-    a("--eval_every", type=non_negative_int, default=5000,
-      help="steps between validation losses (and at the end); 0 = only at the end")
-    a("--eval_tokens", type=positive_int, default=65_536_000,
-      help="val tokens per evaluation, ≤ the val split (paper's code: 2000 iters × 16 × 2048)")
-    a("--stat_tokens", type=positive_int, default=STAT_TOKENS,
-      help="validation tokens for the final logit statistics (likewise)")
+    a("--eval_every", type=non_negative_int, default=5000, help="steps between validation "
+      "losses, and at the end; 0 = only at the end")
+    a("--eval_tokens", type=positive_int, default=65_536_000, help="val tokens per evaluation "
+      "(paper's code: 2000 iters × 16 × 2048)")
+    a("--stat_tokens", type=positive_int, default=STAT_TOKENS, help="val tokens of the final "
+      "logit statistics")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
     a = p.add_argument_group("device").add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--head_dtype", default="auto", choices=("auto", "float32"),
-      help="dtype of the LM head's matmul (float32: a float32 head under a bf16 body)")
-    a("--compile", action=argparse.BooleanOptionalAction, default=None,
-      help="torch.compile the model (default: on CUDA, not on CPU)")
+    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul")
+    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model "
+      "(default: on CUDA)")
     a("--tf32", action="store_true", help="TensorFloat-32 matmuls for what stays float32 (CUDA)")
     a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the LM "
       "head's loss, without the N×V logits (fused_loss.py); 0 = heads.py's plain path "
@@ -619,9 +617,8 @@ def peak_flops(device: torch.device, dtype: str):
 
 
 class CompileWatch(logging.Filter):
-    """What torch.compile gave up on: with torch._dynamo.config.suppress_errors a function that
-    fails to compile runs eagerly, logged as a warning with a long traceback; this filter keeps
-    each one's root cause (one line) for train.py to say once."""
+    """What torch.compile gave up on (suppress_errors runs it eagerly and logs a traceback):
+    each root cause in one line, kept from the console, for train.py to say once."""
     LOGGER = logging.getLogger("torch._dynamo.convert_frame")
 
     def __init__(self):
@@ -639,15 +636,14 @@ class CompileWatch(logging.Filter):
         self.failures.append(text.strip().splitlines()[0][:200])
         return False  # kept from the console
 
-    def stop(self) -> str | None:
-        """Stop watching; the first failure, or None when everything compiled."""
+    def stop(self) -> str | None:  # the first failure; None when everything compiled
         self.LOGGER.removeFilter(self)
         return self.failures[0] if self.failures else None
 
 
 class Throughput:
-    """Tokens per second over the steps since the last restart, timed between device syncs
-    (CUDA runs asynchronously: without a sync the clock would time the queueing)."""
+    """Tokens per second since the last restart, timed between device syncs (without them the
+    clock would time CUDA's queueing)."""
 
     def __init__(self, device: torch.device, tokens_per_step: int):
         self.device, self.tokens_per_step = device, tokens_per_step
@@ -657,8 +653,7 @@ class Throughput:
         sync(self.device)
         self.start, self.steps = time.perf_counter(), 0
 
-    def read(self) -> tuple[float, float]:
-        """(tokens/s, seconds per step)."""
+    def read(self) -> tuple[float, float]:  # tokens/s, seconds per step
         sync(self.device)
         per_step = (time.perf_counter() - self.start) / self.steps
         return self.tokens_per_step / per_step, per_step
