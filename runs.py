@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul")
+    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul "
+      "(auto: --dtype's; float32 under a bf16 body)")
     a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model "
       "(default: on CUDA)")
     a("--tf32", action="store_true", help="TensorFloat-32 matmuls for what stays float32 (CUDA)")
@@ -725,10 +726,9 @@ class Run:
 
 @contextlib.contextmanager
 def setup(args, ctx: Dist, say, build_model, make_optimizer):
-    """Everything before the first step, in the run folder locked by global rank 0 until the
-    block ends: the data, the folder's checks, the model and its optimizer (train.py's
-    build_model(args) and make_optimizer(model, args), restored from ckpt.pt with --resume), the
-    CPU threads, config.json. Yields the Run, or None when --resume finds it finished."""
+    """Everything before step 1, in the run folder that rank 0 locks until the block ends: the
+    data, the folder's checks, build_model(args) and make_optimizer(model, args) (restored with
+    --resume), the CPU threads, config.json. Yields the Run; None if --resume finds it finished."""
     out = Path(args.out_dir)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download
@@ -758,8 +758,8 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
         # runs eagerly: the loop says so after the first step), and in DDP on several processes.
         if args.compile:
             torch._dynamo.config.suppress_errors = True
-        compile_watch = CompileWatch() if args.compile else None
-        compiled = torch.compile(model) if args.compile else model
+        compiled, compile_watch = (torch.compile(model), CompileWatch()) if args.compile else \
+            (model, None)
         wrapped = compiled if ctx.world_size == 1 else \
             DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         if ctx.master:
@@ -770,10 +770,9 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
 
 
 def say_compile_failure(run: Run, ctx: Dist, say):
-    """After the first step (everything has compiled by then): if torch.compile gave up on
-    anything, say it in one line and record it in config.json as compile_failed."""
-    failure = run.compile_watch.stop()
-    if failure:
+    """After the first step, when all has compiled: what torch.compile gave up on, said in one
+    line and recorded in config.json as compile_failed."""
+    if failure := run.compile_watch.stop():
         run.config["compile_failed"] = failure
         say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where it "
             f"failed, recorded as compile_failed in config.json")
