@@ -493,20 +493,20 @@ def settings(config: dict, keys) -> str:
                     for key in keys)
 
 
-def finite_or_none(value):
-    """JSON has no NaN or ∞: a non-finite number is written as null."""
-    return value if not isinstance(value, float) or math.isfinite(value) else None
+def json_text(record: dict, indent=None) -> str:
+    """record as JSON, which has no NaN or ∞: a non-finite number is written as null."""
+    return json.dumps({key: None if isinstance(value, float) and not math.isfinite(value)
+                       else value for key, value in record.items()}, indent=indent)
 
 
 def write_json(path, obj: dict):
-    store.write_atomic(path, json.dumps({k: finite_or_none(v) for k, v in obj.items()},
-                                        indent=2) + "\n")
+    store.write_atomic(path, json_text(obj, indent=2) + "\n")
 
 
 def append_log(path: Path, record: dict):
     """One JSON line at the end of the log, whole or not at all: when the disk fills up midway,
     the part that went in is cut off again (store.WriteError's one sentence)."""
-    line = (json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n").encode()
+    line = (json_text(record) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size, done = os.fstat(fd).st_size, 0
