@@ -528,11 +528,9 @@ def trim_log(path: Path, last_step: int):
              f"way and resume again")
     kept = []
     for line in path.read_text().splitlines() if path.exists() else ():
-        try:
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # not a whole line of ours
             if json.loads(line)["step"] <= last_step:
                 kept.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
-            pass
     store.write_atomic(path, "".join(kept))
 
 
@@ -562,27 +560,26 @@ def save_snapshot(out: Path, model: GPT, step: int, config: dict):
 
 
 def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
-    """Model, optimizer, loader position and RNG from ckpt.pt; returns the checkpoint's step,
-    init_loss, train_time_s and config. A checkpoint that cannot continue this run ends in one
-    sentence."""
+    """Model, optimizer, loader position and RNG from ckpt.pt; returns its step, init_loss,
+    train_time_s and config. One sentence for a checkpoint that cannot continue this run."""
+    def refuse(reason):
+        fail(f"{path} {reason}; delete it to start afresh")
     try:
         ckpt = load_checkpoint(path)
     except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: not a file
         fail(f"{str(err).rstrip('.')}; delete it to start afresh")
     if missing := [key for key in ("optimizer", "loader", "rng", "init_loss", "train_time_s")
                    if key not in ckpt]:
-        fail(f"{path} holds weights but not what --resume needs ({', '.join(missing)}); "
-             f"delete it to start afresh")
+        refuse(f"holds weights but not what --resume needs ({', '.join(missing)})")
     for key in ("init_loss", "train_time_s"):  # they go into summary.json as they are
         if not isinstance(ckpt[key], (int, float)) or isinstance(ckpt[key], bool):
-            fail(f"{path} records {key} {ckpt[key]!r}, not a number; delete it to start afresh")
+            refuse(f"records {key} {ckpt[key]!r}, not a number")
     refuse_other_settings(path, ckpt["config"], config)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as err:  # torch lists every mismatch, one per line: name the first
         detail = next(line.strip() for line in str(err).splitlines()[1:] + [str(err)] if line)
-        fail(f"{path} holds weights that do not fit the model of its settings ({detail[:160]}); "
-             f"delete it to start afresh")
+        refuse(f"holds weights that do not fit the model of its settings ({detail[:160]})")
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
@@ -590,14 +587,13 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
-        fail(f"{path} cannot continue this run ({err}); delete it to start afresh")
+        refuse(f"cannot continue this run ({err})")
     # AdamW takes moments of any shape, and its first step would then fail deep inside.
     for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
         for name, value in optimizer.state.get(param, {}).items():
             if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
-                fail(f"{path} holds optimizer state {name} of shape {tuple(value.shape)} for "
-                     f"parameter {number} of shape {tuple(param.shape)}; delete it to start "
-                     f"afresh")
+                refuse(f"holds optimizer state {name} of shape {tuple(value.shape)} for "
+                       f"parameter {number} of shape {tuple(param.shape)}")
     return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s", "config")}
 
 
