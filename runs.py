@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    * p.get_default("seq_len"))
     gigabytes = (shards + 1) * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9  # with val's
     group.description = (f"The default --data downloads the {prepare.DEFAULT_DATASET} shards the "
-                         f"run reads: {gigabytes:.1f} GB\nfor the default --steps, fewer for fewer.")
+                         f"run reads: {gigabytes:.1f} GB\nfor the default --steps, fewer for "
+                         f"fewer.")
     return p
 
 

@@ -298,7 +298,7 @@ def train(args, ctx: Dist) -> GPT | None:
     say = print if ctx.master else (lambda *a, **k: None)
     with setup(args, ctx, say, build_model, make_optimizer) as run:
         model = run and training_loop(run, args, ctx, say)
-    if run and run.step == args.steps:
+    if run and run.step == args.steps and (run.out / "summary.json").exists():
         say(f"the run is finished; {TRAIN_LONGER}")
     return model
 
