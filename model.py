@@ -4,29 +4,19 @@
     Block:  x ← x + Attention(LN(x)),   x ← x + SwiGLU(LN(x))            (pre-LayerNorm)
     Attention: causal, per-head qk-LayerNorm, RoPE on half of each head's dimensions.
 
-No linear layer or LayerNorm has a bias. The output embedding W (V×D) is a separate matrix by
-default and the input embedding itself with `tie=True` (one tensor). Logits and loss are the
-LM head's business (heads.py): the model hands it the final hidden state h and W, so every head
-variant sees the same decoder, and `output_weight` lets train.py call `head.after_step(W)`.
+No linear layer or LayerNorm has a bias. The output embedding W (V×D) is its own matrix, or the
+input embedding itself with `tie=True`. Logits and loss are the LM head's (heads.py): it gets h
+and W, so every head variant sees the same decoder, and train.py calls `head.after_step(W)`.
 
-Init (Table 4 of the paper): linear weights Xavier normal, std = √(2 / (fan_in + fan_out)), not
-truncated; input embedding N(0, 1/√D). Where the paper's code (github.com/flxst/
-output-embedding-centering, nanoGPT/model.py) differs from its table, we follow the code so
-that results are comparable:
-  • the attention output projection is re-initialised with N(0, 0.02/√(2L)) (nanoGPT's
-    "c_proj" rule; the SwiGLU down-projection keeps Xavier because it is not called c_proj);
-  • RoPE rotates only the first half of each head's dimensions (the other half is position-free);
-  • with tying, the output embedding's Xavier init runs last and overwrites N(0, 1/√D), so the
-    shared matrix starts with std √(2 / (V + D)).
+Init: the paper's Table 4, or its code (github.com/flxst/output-embedding-centering, nanoGPT/
+model.py) where they differ. Linear weights Xavier normal, std = √(2 / (fan_in + fan_out)),
+untruncated; input embedding N(0, 1/√D); the attention output projection N(0, 0.02/√(2L))
+(nanoGPT's c_proj rule; SwiGLU's down-projection keeps Xavier); with tying, the output
+embedding's Xavier init runs last: the shared matrix starts with std √(2 / (V + D)).
 
 Example:
-    import heads, model
     gpt = model.GPT(model.config_for("16M", tie=True), heads.build("mu_center"))
     loss, stats = gpt(idx, targets)        # idx, targets: (B, T) long, targets -1 = ignore
-
-    ckpt = model.load_checkpoint("runs/tiny/ckpt.pt")       # a run of train.py, back as a model
-    gpt = model.from_config(ckpt["config"])
-    gpt.load_state_dict(ckpt["model"])
 """
 import math
 from dataclasses import dataclass, fields
@@ -38,11 +28,9 @@ import torch.nn.functional as F
 
 import heads
 
-# Layers × width, heads, SwiGLU hidden size. The five paper sizes (after Porian et al. 2024)
-# carry the paper code's SwiGLU rule ffn = 256·⌈(2/3·4D)/256⌉; their labels count every parameter
-# but the input embedding at V = 50304. tiny and small are CPU presets (ffn ≈ 8/3·D rounded up
-# to a multiple of 64). tiny does about 1,000 tokens/s of forward+backward per CPU core at
-# V = 50304, T = 128; the 50304-way LM head (matmul and softmax) takes ~90% of that time.
+# The five paper sizes (after Porian et al. 2024) with the paper code's SwiGLU rule ffn =
+# 256·⌈(2/3·4D)/256⌉, labelled by every parameter but the input embedding at V = 50304; tiny and
+# small are CPU presets (ffn ≈ 8/3·D rounded up to a multiple of 64).
 SIZES = {
     "tiny":  dict(n_layer=2, n_embd=64, n_head=4, ffn_hidden=192),
     "small": dict(n_layer=4, n_embd=128, n_head=4, ffn_hidden=384),
@@ -65,8 +53,14 @@ class GPTConfig:
     block_size: int = 2048   # longest sequence; RoPE tables are computed up to here
     tie: bool = False        # share the input and output embedding (one tensor)
 
-    def __post_init__(self):
-        _check_config(self)  # one sentence for a field that builds no model (end of file)
+    def __post_init__(self):  # one sentence for a field that builds no model
+        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.n_embd % (4 * self.n_head):
+            raise ValueError(f"n_embd={self.n_embd} must be a multiple of 4·n_head="
+                             f"{4 * self.n_head}: RoPE turns pairs in half of each head's dims.")
 
     @property
     def head_dim(self) -> int:
@@ -84,12 +78,9 @@ def config_for(size: str, **overrides) -> GPTConfig:
     return GPTConfig(**{**SIZES[size], **overrides})
 
 
-def rope_tables(rot_dim: int, n_pos: int, base: float = ROPE_BASE) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the RoPE angles φ(t, i) = t·base^(−2i/rot_dim), shapes (n_pos, rot_dim/2).
-
-    Computed in float64 and stored as float32: at t ≈ 2000 a float32 angle would already be off
-    by ~1e-4 rad, and the tables are computed only once.
-    """
+def rope_tables(rot_dim: int, n_pos: int, base: float = ROPE_BASE):
+    """cos and sin of the RoPE angles φ(t, i) = t·base^(−2i/rot_dim), shapes (n_pos, rot_dim/2),
+    computed in float64 (a float32 angle is off by ~1e-4 rad at t ≈ 2000), stored as float32."""
     inv_freq = base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
     angles = torch.outer(torch.arange(n_pos, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
@@ -97,13 +88,10 @@ def rope_tables(rot_dim: int, n_pos: int, base: float = ROPE_BASE) -> tuple[torc
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first r = 2·cos.size(-1) features of x (…, T, hd); the rest pass unchanged.
-
-    The rotated features form adjacent pairs (x₂ᵢ, x₂ᵢ₊₁), each turned by the angle φ(t, i):
+    Adjacent pairs (x₂ᵢ, x₂ᵢ₊₁) turn by the angle φ(t, i):
         x₂ᵢ' = x₂ᵢ·cos φ − x₂ᵢ₊₁·sin φ,    x₂ᵢ₊₁' = x₂ᵢ·sin φ + x₂ᵢ₊₁·cos φ.
-    Rotations compose, R(φ_m)ᵀR(φ_n) = R(φ_n − φ_m), so q'·k' depends on the positions m and n
-    only through n − m. Rotating half of the dimensions (and the adjacent-pair layout) is the
-    convention of the paper's code, which used rotary-embedding-torch with dim = hd/2.
-    """
+    R(φ_m)ᵀR(φ_n) = R(φ_n − φ_m), so q'·k' depends on the positions only through n − m. Half the
+    dimensions, adjacent pairs: the paper's code (rotary-embedding-torch with dim = hd/2)."""
     rot_dim = 2 * cos.size(-1)
     rotated, passed = x[..., :rot_dim], x[..., rot_dim:]
     even, odd = rotated.unflatten(-1, (-1, 2)).unbind(-1)
@@ -127,7 +115,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         q = apply_rope(self.q_norm(q), cos, sin)  # (B, heads, T, hd)
         k = apply_rope(self.k_norm(k), cos, sin)
-        # Under autocast LayerNorm returns float32 while v is bf16: attend in v's (the matmul's) dtype.
+        # Under autocast LayerNorm returns float32 and v is bf16: attend in v's (the matmul's).
         y = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
@@ -168,8 +156,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
         if not config.tie:
             self.out_embedding = nn.Parameter(torch.empty(config.vocab_size, config.n_embd))
-        # Not persistent: derived from the config, so they stay out of the state_dict.
-        cos, sin = rope_tables(config.head_dim // 2, config.block_size)
+        cos, sin = rope_tables(config.head_dim // 2, config.block_size)  # not in the state_dict
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
@@ -188,7 +175,7 @@ class GPT(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
         nn.init.normal_(self.wte.weight, mean=0.0, std=1 / math.sqrt(D))
-        # Paper's code: the LM head's Xavier init comes after the embedding's, so with tying it wins.
+        # Paper's code: the head's Xavier init comes after the embedding's; with tying it wins.
         nn.init.xavier_normal_(self.output_weight)
         for block in self.blocks:  # paper's code: GPT-2's scaled init for the attention c_proj
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * L))
@@ -211,42 +198,32 @@ class GPT(nn.Module):
         return self.head(h, self.output_weight, targets)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters counted once each; non_embedding leaves out the input embedding (the size
-        label's convention), except that a tied matrix stays in, counted as the output embedding."""
+        """Parameters, each once; non_embedding leaves out the input embedding unless it is tied
+        (the size labels' convention)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding and not self.config.tie:
             n -= self.wte.weight.numel()
         return n
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Forward + backward FLOPs per token, for MFU:  6·N + 12·L·D·T.
-
-        N counts the weights that enter a matrix product: every linear layer plus the V×D LM head
-        (the input embedding is a lookup, LayerNorm/SiLU/softmax are elementwise and ignored).
-        Each such weight costs 2 FLOPs (multiply + add) per token forward and 4 backward (the
-        gradients for the input and for the weight): 6·N. Attention adds, per layer and token,
-        q·kᵀ over T keys and the weighted sum of T values, 2·T·D FLOPs each forward, times 3 for
-        forward + backward: 12·L·D·T. T = seq_len counts the full square (PaLM App. B), although
-        a causal kernel skips about half of it.
-        """
-        c = self.config
+        """Forward + backward FLOPs per token, for MFU: 6·N + 12·L·D·T. N: the weights of matrix
+        products (every linear layer and the V×D head; the embedding is a lookup, elementwise ops
+        are ignored), 2 FLOPs each forward and 4 backward. Attention's q·kᵀ and weighted sum over
+        T positions cost 2·T·D each forward, ×3 with backward, per layer; T = seq_len counts the
+        full square (PaLM App. B), though causal kernels skip half."""
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         n_matmul += self.output_weight.numel()
-        return 6 * n_matmul + 12 * c.n_layer * c.n_embd * seq_len
+        return 6 * n_matmul + 12 * self.config.n_layer * self.config.n_embd * seq_len
 
 
 # ---------------------------------------------------------------------------------------------
 # Runs of train.py: a model from a run's settings, and its checkpoints
 
 def from_config(config: dict) -> GPT:
-    """The untrained GPT that a run's settings describe (a dict with train.py's option names:
-    size, and optionally vocab_size, tie, seq_len, head, lam, cap, head_dtype; other keys are
-    ignored). head_dtype "float32" gives the head a float32 matmul under any autocast.
-
-    block_size is max(2048, seq_len): RoPE tables are cheap and kept out of the state_dict, so
-    the model also takes sequences longer than the run's own. The weights come from torch's
-    global generator: seed it first (train.py seeds with the run's --seed).
-    Raises ValueError (one sentence) for settings that describe no model."""
+    """The untrained GPT of a run's settings (train.py's option names: size, and optionally
+    vocab_size, tie, seq_len, head, lam, cap, head_dtype; others ignored), drawn from torch's
+    global generator (seed it first). block_size is max(2048, seq_len): RoPE tables stay out of
+    the state_dict, so it also takes longer sequences. ValueError for settings of no model."""
     if not isinstance(config, dict) or "size" not in config:
         raise ValueError(f"a model's settings must be a dict of train.py's options with at "
                          f"least 'size', got {type(config).__name__}.")
@@ -255,21 +232,18 @@ def from_config(config: dict) -> GPT:
         raise ValueError(f"seq_len must be an integer, got {seq_len!r}.")
     gpt_config = config_for(config["size"], vocab_size=config.get("vocab_size", 50304),
                             tie=bool(config.get("tie", False)), block_size=max(2048, seq_len))
-    matmul_dtype = torch.float32 if config.get("head_dtype") == "float32" else None
+    float32_head = torch.float32 if config.get("head_dtype") == "float32" else None
     head = heads.build(config.get("head", "baseline"), lam=config.get("lam"),
-                       cap=config.get("cap"), matmul_dtype=matmul_dtype)
+                       cap=config.get("cap"), matmul_dtype=float32_head)
     return GPT(gpt_config, head)
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """A checkpoint of train.py (ckpt.pt, or a ckpt_step*.pt snapshot): a dict with at least
-    "model" (the state_dict), "config" (the run's settings, see from_config) and "step".
-
-    Loaded with weights_only=True, so the file can hold tensors and plain types only and a
-    crafted file cannot run code on loading. A missing file raises FileNotFoundError; a
-    corrupt, truncated or foreign file, or one carrying code, raises ValueError in one sentence."""
-    path = Path(path)
-    if not path.is_file():
+    """A checkpoint of train.py (ckpt.pt or a ckpt_step*.pt snapshot): a dict with at least
+    "model" (the state_dict), "config" (the run's settings, see from_config) and "step", loaded
+    with weights_only=True so that a crafted file cannot run code. FileNotFoundError for a
+    missing file, ValueError (one sentence) for any other that is not one."""
+    if not (path := Path(path)).is_file():
         raise FileNotFoundError(f"{path} is not a file; pass a checkpoint written by train.py "
                                 f"(RUN/ckpt.pt or RUN/ckpt_step*.pt).")
     try:
@@ -277,37 +251,21 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     except Exception as err:  # unpickling fails in many types; all mean "not a usable file"
         raise ValueError(f"{path} cannot be read as a checkpoint of train.py "
                          f"({type(err).__name__}): it is corrupt, truncated, or holds objects "
-                         f"other than tensors and plain types, which are refused because "
-                         f"loading them could run code.") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) \
-            or not isinstance(ckpt.get("step"), int):
-        raise ValueError(f"{path} is not a checkpoint of train.py (it lacks the weights under "
-                         f"'model' or the step under 'step').")
+                         f"that could run code.") from None
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)
+            and isinstance(ckpt.get("step"), int)):
+        raise ValueError(f"{path} is not a checkpoint of train.py (it lacks the weights or the "
+                         f"step).")
     if not isinstance(ckpt.get("config"), dict):
         raise ValueError(f"{path} has no run settings (its 'config' is "
-                         f"{type(ckpt.get('config')).__name__}, not a dict of train.py's "
-                         f"options), so the model it holds cannot be rebuilt.")
+                         f"{type(ckpt.get('config')).__name__}), so its model cannot be rebuilt.")
     return ckpt
 
 
-# ---------------------------------------------------------------------------------------------
-# bad input: one sentence instead of a shape error deep inside a layer
-
-def _check_config(config: GPTConfig) -> None:
-    for name in ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "block_size"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    if config.n_embd % (4 * config.n_head):
-        raise ValueError(f"n_embd={config.n_embd} must be a multiple of 4·n_head="
-                         f"{4 * config.n_head} so that RoPE can turn pairs within half of each "
-                         f"head's dimensions.")
-
-
 def _check_tokens(idx: torch.Tensor, config: GPTConfig) -> None:
-    """Shape and length always; the id range on CPU only: on an accelerator it would cost a
-    host sync every step and break a torch.compile graph (train.py checks its shards' ids once,
-    data.ShardLoader.check_vocab; out-of-range ids there end in a device-side assert)."""
+    """Bad input in one sentence, not a shape error deep inside a layer: shape and length always,
+    the id range on CPU only (on a GPU it costs a host sync and breaks the compiled graph;
+    train.py checks its shards' ids once, ShardLoader.check_vocab)."""
     if idx.dim() != 2 or idx.numel() == 0:
         raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
                          f"got shape {tuple(idx.shape)}.")

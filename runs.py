@@ -1,8 +1,5 @@
-"""The plumbing of a training run, kept out of train.py's way: the command line with its defaults
-and checks, the device, the processes of torchrun, the data made ready, the run folder (one
-process at a time, files replaced whole, no other run's files replaced, its checkpoints), the
-divergence watch that never makes the GPU wait, the console line with its speed, and the setup
-before the first step. train.py is the reader's file; this one is what makes it safe to run."""
+"""train.py's plumbing: the command line and its checks, the device and torchrun's processes,
+the data, the run folder (its lock, its files, checkpoints), the console line, the setup."""
 import argparse
 import contextlib
 import fcntl
@@ -36,87 +33,110 @@ STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # store.open_atomic's t
 # Settings that define what a run computes; --resume refuses a run folder that differs in any.
 RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
                 "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint")
-# Dense bf16 tensor-core peak FLOP/s of one GPU, first match in torch.cuda.get_device_name()
-# (the NVL boards run at a lower clock than the SXM ones).
+# Settings that change only a step's rounding: --resume takes new ones and says so (it keeps
+# the recorded CPU thread count: choose_cpu_threads).
+ROUNDING = ("micro_batch", "world_size", "loss_chunk", "head_dtype", "compile", "tf32")
+# The cosine schedule ends at --steps, so a finished run cannot go on: a longer one is a new run.
+TRAIN_LONGER = "to train longer, start a new run (another --out_dir) with a larger --steps"
+# Dense bf16 peak FLOP/s of one GPU, first match in its name (NVL boards clock below SXM ones)
 PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
                    ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12))
+EXAMPLE = """examples (a laptop on the bundled text; the paper's recipe on 4 GPUs):
+  python train.py --size tiny --data tests/assets/paradise_regained.txt --steps 200 \\
+      --batch_size 8 --seq_len 128
+  torchrun --nproc_per_node=4 train.py --head mu_center --out_dir runs/mu_center"""
 
 
 def fail(message: str):
-    """End the run with one sentence and no traceback (exit code 1)."""
-    raise SystemExit(f"train.py: error: {message}")
+    """End the run with one sentence, no traceback, exit code 1. Each check runs on every rank
+    alike or on rank 0 alone, so under torchrun rank 0 alone says it."""
+    raise SystemExit(1 if int(os.environ.get("RANK", 0)) else f"train.py: error: {message}")
 
 
 # ---------------------------------------------------------------------------------------------
 # The command line: its defaults (the paper's recipe) and its checks
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows a default only where there is one (not None or False); keeps the epilog's lines."""
+    def _get_help_string(self, action):
+        unset = action.default is None or action.default is False
+        return action.help if unset else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="One training run with the recipe of the paper's "
                                 "App. A, on one process or many (torchrun DDP).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a = p.add_argument
+                                formatter_class=HelpFormatter, epilog=EXAMPLE)
+    a = p.add_argument_group("model").add_argument
     a("--size", default="16M", choices=tuple(SIZES), help="model size preset (model.SIZES)")
     a("--head", default="baseline", choices=heads.HEADS, help="LM-head variant (heads.py)")
-    a("--lr", type=positive_float, default=3e-3, help="peak learning rate η (paper: 3e-4 … 3e-1)")
     a("--tie", action="store_true", help="tie the input and output embeddings")
-    a("--lam", type=float, default=None, help="λ of z_loss / mu_loss; None = heads.py's 1e-4")
-    a("--cap", type=float, default=None, help="c of soft_cap; None = heads.py's 30")
+    a("--lam", type=float, default=None, help="λ of z_loss and mu_loss (default: heads.py's)")
+    a("--cap", type=float, default=None, help="c of soft_cap (default: heads.py's)")
     a("--vocab_size", type=positive_int, default=50304, help="V (GPT-2's 50257, padded)")
+    a("--seed", type=non_negative_int, default=0, help="seed of the initial weights")
+    a = p.add_argument_group("optimisation").add_argument
+    a("--lr", type=positive_float, default=3e-3, help="peak learning rate η (paper: 3e-4 … 3e-1)")
     a("--steps", type=positive_int, default=100_000, help="optimizer steps")
-    a("--warmup", type=non_negative_int, default=None, help="warmup steps; None: 5%% of --steps")
+    a("--warmup", type=non_negative_int, default=None, help="warmup steps (default: 5%% of them)")
     a("--min_lr", type=non_negative_float, default=1e-5, help="end of the cosine decay")
     a("--batch_size", type=positive_int, default=64, help="sequences per step, all processes")
-    a("--micro_batch", type=positive_int, default=None,
-      help="sequences per forward and process; None = the most ≤ 16 dividing its batch")
+    a("--micro_batch", type=positive_int, default=None, help="sequences per forward and process "
+      "(default: the most ≤ 16 dividing its batch)")
     a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
-    a("--seed", type=non_negative_int, default=0, help="seed of the initial weights, < 2⁶⁴")
-    a("--loss_chunk", type=non_negative_int, default=None,
-      help="tokens per chunk of the LM head's loss (fused_loss.py: same loss and gradients "
-           "without the N×V logits); 0 = heads.py's plain path; default: the fastest exact "
-           "path measured for the device (fused_loss.DEFAULT_CHUNK)")
+    a = (group := p.add_argument_group("data and run folder")).add_argument
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
       f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
     a("--out_dir", default="out", help="run folder")
-    a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (fresh if none)")
+    a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
-    a("--keep_every", type=non_negative_int, default=0,
-      help="also keep ckpt_step{step:07d}.pt (weights only) every N steps; 0 = never")
-    a("--stop_at", type=non_negative_int, default=0,
-      help="end the process after this step as if killed (no summary); 0 = never")
-    a("--eval_every", type=non_negative_int, default=5000,
-      help="steps between validation losses (and at the end); 0 = only at the end")
-    a("--eval_tokens", type=positive_int, default=65_536_000,
-      help="val tokens per evaluation, ≤ the val split (paper's code: 2000 iters × 16 × 2048)")
-    a("--stat_tokens", type=positive_int, default=STAT_TOKENS,
-      help="validation tokens for the final logit statistics (likewise)")
+    a("--keep_every", type=non_negative_int, default=0, help="keep the weights every N steps "
+      "too, in ckpt_step{step:07d}.pt; 0 = never")
+    a("--stop_at", type=non_negative_int, default=0, help="end after this step as if killed")
+    a = p.add_argument_group("measurement").add_argument
+    a("--eval_every", type=non_negative_int, default=5000, help="steps between validation "
+      "losses, and at the end; 0 = only at the end")
+    a("--eval_tokens", type=positive_int, default=65_536_000, help="val tokens per evaluation "
+      "(paper's code: 2000 iters × 16 × 2048)")
+    a("--stat_tokens", type=positive_int, default=STAT_TOKENS, help="val tokens of the final "
+      "logit statistics")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
+    a = p.add_argument_group("device").add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--head_dtype", default="auto", choices=("auto", "float32"),
-      help="dtype of the LM head's matmul and its backward (auto: --dtype's; float32: a "
-           "float32 head under a bf16 body)")
-    a("--compile", action=argparse.BooleanOptionalAction, default=None, help="None: on CUDA")
-    a("--tf32", action="store_true", help="TensorFloat-32 (10-bit mantissa) for the matmuls "
-      "left in float32, on CUDA; without it float32 is float32")
+    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul "
+      "(auto: --dtype's; float32 under a bf16 body)")
+    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model "
+      "(default: on CUDA)")
+    a("--tf32", action="store_true", help="TensorFloat-32 matmuls for what stays float32 (CUDA)")
+    a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the LM "
+      "head's loss, without the N×V logits (fused_loss.py); 0 = heads.py's plain path "
+      "(default: the device's fastest exact path, fused_loss.DEFAULT_CHUNK)")
+    shards = prepare.shards_needed(p.get_default("steps") * p.get_default("batch_size")
+                                   * p.get_default("seq_len"))
+    gigabytes = (shards + 1) * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9  # with val's
+    group.description = (f"The default --data downloads the {prepare.DEFAULT_DATASET} shards the "
+                         f"run reads: {gigabytes:.1f} GB\nfor the default --steps, fewer for "
+                         f"fewer.")
     return p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, checked and resolved (warmup, device, dtype, compile); bad input ends
-    in parser.error: one sentence and exit code 2."""
+    """The command line, checked and resolved (warmup, micro-batch, device, dtype, compile); bad
+    input ends in parser.error: one sentence and exit code 2."""
     parser = build_parser()
-    one_usage_error_under_torchrun(parser)
+    if int(os.environ.get("RANK", 0)):  # every rank of torchrun parses it: rank 0 alone says so
+        parser.error = lambda message: sys.exit(2)
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = args.steps // WARMUP_SHARE
     if args.warmup > args.steps:
         parser.error(f"--warmup {args.warmup} exceeds --steps {args.steps}; lower --warmup")
     if args.seed >= 2 ** 64:
-        parser.error(f"--seed {args.seed} is too large; give an integer from 0 to 2⁶⁴ − 1")
+        parser.error(f"--seed {args.seed} is too large; give an integer from 0 to {2**64 - 1}")
     if args.min_lr > args.lr:
-        parser.error(f"--min_lr {args.min_lr:g} exceeds --lr {args.lr:g}; the cosine decays "
-                     f"from --lr down to --min_lr")
+        parser.error(f"--min_lr {args.min_lr:g} exceeds --lr {args.lr:g}; lower --min_lr")
     try:
         heads.build(args.head, lam=args.lam, cap=args.cap)
     except ValueError as err:
@@ -125,14 +145,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.micro_batch is None:
         per_process = max(1, args.batch_size // world_size)
         args.micro_batch = max(n for n in range(1, 17) if per_process % n == 0)
-    per_pass = args.micro_batch * world_size
-    if args.batch_size % per_pass:
+    if args.batch_size % (args.micro_batch * world_size):
         parser.error(f"--batch_size {args.batch_size} must be a multiple of --micro_batch × "
-                     f"processes = {args.micro_batch} × {world_size} = {per_pass}; change "
-                     f"--batch_size or --micro_batch")
+                     f"processes = {args.micro_batch} × {world_size} = "
+                     f"{args.micro_batch * world_size}; change --batch_size or --micro_batch")
     files = [Path(path).is_file() for path in args.data]
     if len(args.data) > 1 and not all(files):
-        parser.error("--data takes one folder of shards or one or more text files, not both; "
+        parser.error(f"--data takes one folder of shards or text files, not both; "
                      f"{args.data[files.index(False)]} is not a file")
     args.text = args.data if all(files) else None  # tokenized into a folder by prepare_data
     args.data = None if args.text else args.data[0]
@@ -143,9 +162,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def resolve_device(args, error) -> str:
-    """Turn --device/--dtype/--compile "auto" (or None) into what this machine has: CUDA with
-    bf16 autocast and torch.compile, else CPU in float32, uncompiled. Calls error(message) for
-    a device that is not usable. Returns the device type."""
+    """--device/--dtype/--compile "auto" (or None) made what this machine has: CUDA, bf16 and
+    compiled, else CPU, float32, eager; error(sentence) for an unusable device. Returns its type."""
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -154,11 +172,10 @@ def resolve_device(args, error) -> str:
         error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
     if device.type not in ("cpu", "cuda"):
         error(f"--device {args.device} is not supported: train.py runs on cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        error(f"--device {args.device} names a GPU that is not there; this machine has "
-              f"{torch.cuda.device_count()}")
+        error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu"
+              if not torch.cuda.is_available() else f"--device {args.device} names a GPU that "
+              f"is not there; this machine has {torch.cuda.device_count()}")
     if args.dtype == "auto":
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.compile is None:
@@ -166,45 +183,18 @@ def resolve_device(args, error) -> str:
     return device.type
 
 
-def one_usage_error_under_torchrun(parser):
-    """Under torchrun every process parses the same command line, so each printed the same
-    error. Now rank 0 alone prints it; every process still exits 2, so torchrun and any script
-    around it see a failure (torchrun then adds its own banner below the sentence: exiting 0
-    to silence it would report a refused command as a success)."""
-    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
-        return
-
-    def error(message):
-        if int(os.environ.get("RANK", 0)) == 0:
-            parser.print_usage(sys.stderr)
-            print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-    parser.error = error
-
-
 def refuse_oversized_embeddings(args, error):
-    """Call error(sentence) when the embeddings alone cannot fit in the device's memory, saying
-    how much they need, instead of the allocator's traceback: V·D numbers (twice untied) in
-    float32, with their gradients and AdamW's two moments, 16 bytes per number."""
-    numbers = args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
-    needed = 16 * numbers
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        total, where = torch.cuda.get_device_properties(device).total_memory, "the GPU's"
-    else:
-        total, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's"
+    """error(sentence), not the allocator's traceback, when the embeddings alone cannot fit:
+    V·D numbers (twice untied), each with its gradient and AdamW's two moments, 16 bytes."""
+    needed = 16 * args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
+    total, where = (torch.cuda.get_device_properties(args.device).total_memory, "the GPU's") \
+        if args.device.startswith("cuda") else \
+        (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's")
     if needed > total:
-        error(f"--vocab_size {args.vocab_size:,} needs {format_bytes(needed)} for the embeddings "
-              f"alone (weights, gradients and AdamW state, 16 bytes per number), more than "
-              f"{where} {format_bytes(total)} of memory; lower --vocab_size")
-
-
-def format_bytes(n: int) -> str:
-    """1.8 PiB, 12.0 GiB, 512 B."""
-    for power, unit in ((5, "PiB"), (4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
-        if n >= 1024 ** power:
-            return f"{n / 1024 ** power:,.1f} {unit}"
-    return f"{n} B"
+        size = next(f"{needed / 1024 ** k:,.1f} {unit}" for k, unit in
+                    ((5, "PiB"), (4, "TiB"), (3, "GiB"), (0, "B")) if needed >= 1024 ** k)
+        error(f"--vocab_size {args.vocab_size:,} needs {size} for the embeddings alone, more "
+              f"than {where} {total / 1024 ** 3:,.1f} GiB of memory; lower --vocab_size")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,41 +213,58 @@ class Dist:
         return self.rank == 0
 
 
-def init_distributed(args) -> Dist:
-    """Join the process group when launched by torchrun (NCCL on CUDA, gloo on CPU)."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if world_size == 1:
-        device = torch.device(args.device)
-        if device.type == "cuda":
-            device = torch.device("cuda", device.index or 0)  # "cuda" means the first GPU
-            torch.cuda.set_device(device)
-        return Dist(0, 0, 1, device)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if torch.device(args.device).type == "cuda":
-        device = torch.device("cuda", local_rank)  # one GPU per process on each node
+@contextlib.contextmanager
+def run_process(args):
+    """This process's Dist while the block runs: in torchrun's process group (NCCL on CUDA, one
+    GPU per process; gloo on CPU), left at the end. A full disk or Ctrl-C ends in one sentence."""
+    world_size, device = int(os.environ.get("WORLD_SIZE", 1)), torch.device(args.device)
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    if device.type == "cuda":  # "cuda" means the first GPU; under torchrun, the process's own
+        device = torch.device("cuda", local_rank if world_size > 1 else device.index or 0)
         torch.cuda.set_device(device)
+    if world_size > 1 and device.type == "cuda":
         dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device(args.device)
+    elif world_size > 1:
         dist.init_process_group("gloo")
-    return Dist(rank, local_rank, world_size, device)
+    try:
+        yield Dist(rank, local_rank, world_size, device)
+    except store.WriteError as err:  # a full disk, a folder that cannot be written
+        fail(str(err))
+    except KeyboardInterrupt:
+        ckpt = Path(args.out_dir) / "ckpt.pt"
+        if rank == 0:
+            print("train.py: interrupted; " + (f"--resume continues from {ckpt}" if ckpt.is_file()
+                  else f"no checkpoint yet (every --save_every {args.save_every} steps), so "
+                  f"--resume starts at step 0"), file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def choose_cpu_threads(ctx: Dist) -> int:
-    """On CPU, unless OMP_NUM_THREADS says otherwise: as many threads as there are idle cores
-    (the cores this process may use less the 1-minute load average, at least 1), shared by the
-    processes of this node. torch's default, one per core, oversubscribes a busy machine: on a
-    loaded 2-core CPU the quickstart took 8 min with 2 threads and 2 min 49 s with 1."""
-    if ctx.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+def choose_cpu_threads(ctx: Dist, recorded: int | None = None) -> int | None:
+    """CPU threads: a resumed run's recorded count (1 and 2 threads round a step's gradients
+    apart), else OMP_NUM_THREADS's, else the idle cores (usable ones less the 1-minute load,
+    at least 1) shared by this node's processes, the fewest of any rank: torch's one per core
+    oversubscribes a busy machine. None on a GPU."""
+    if ctx.device.type != "cpu":
+        return None
+    if recorded:
+        torch.set_num_threads(recorded)
+    elif "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             os.cpu_count() or 1
         idle = cores - (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0)
         torch.set_num_threads(max(1, int(idle) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    if dist.is_initialized():  # every rank computes alike, and the record is rank 0's
+        fewest = torch.tensor(torch.get_num_threads())
+        dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
+        torch.set_num_threads(int(fewest))
     return torch.get_num_threads()
 
 
 def cpu_threads(ctx: Dist) -> str:
-    """', N CPU thread(s)' for the run's first line (choose_cpu_threads), '' on a GPU."""
+    """', N CPU thread(s)' for the settings line printed before step 0; '' on a GPU."""
     return f", {torch.get_num_threads()} CPU thread(s)" if ctx.device.type == "cpu" else ""
 
 
@@ -375,12 +382,9 @@ def device_batches(loader, device):
 
 
 class FiniteWatch:
-    """Tells whether each step's loss was finite without making the GPU wait.
-
-    Reading a CUDA value (.item()) blocks the CPU until all queued work is done, so the next
-    step could not be queued meanwhile. Instead the flag is copied to pinned memory without
-    blocking and read one step later, once the next step is queued: a divergence is noticed
-    one step late at most (at once on the CPU, and at every log or save step)."""
+    """Whether each step's loss was finite, read without making the GPU wait: reading a CUDA
+    value blocks the CPU until the queued work is done, so the flag goes to pinned memory and is
+    read one step later, once the next step is queued (at once on the CPU, and on demand)."""
 
     def __init__(self, device: torch.device):
         self.lag = 1 if device.type == "cuda" else 0
@@ -395,8 +399,8 @@ class FiniteWatch:
         self.pending.append((step, flag, event))
 
     def first_nonfinite(self, wait_all: bool = False):
-        """The first step whose loss was not finite, among all the steps that can be read
-        without waiting (or all steps when wait_all); None if every one was finite."""
+        """The first step whose loss was not finite among those readable without waiting (all
+        with wait_all); None if every one was finite."""
         while len(self.pending) > (0 if wait_all else self.lag):
             step, flag, event = self.pending.pop(0)
             if event is not None:
@@ -407,13 +411,15 @@ class FiniteWatch:
 
 
 # ---------------------------------------------------------------------------------------------
-# The run folder: one process at a time, files replaced whole, no other run's files replaced
+# The run folder: one process at a time, files written whole, no other run's files replaced
 
 @contextlib.contextmanager
 def run_folder_lock(out: Path):
     """Hold OUT/.lock (fcntl.flock) while the block runs, so two processes never train in one
-    folder. The OS drops the lock when its process ends, however it ends, so the lock of a
-    killed run is taken over, never stale; so are the temporary files of its last save."""
+    folder. The OS drops it when its process ends, however it ends: a killed run's lock (and its
+    last save's temporary files) is taken over, never stale. A run that fails before writing a
+    file takes its lock (and the folder, if it made it) away with it."""
+    made = not out.exists()
     try:
         store.make_folder(out)
         lock = open(out / LOCK, "a+")
@@ -427,29 +433,36 @@ def run_folder_lock(out: Path):
             lock.seek(0)
             fail(f"{out} is in use by {lock.read().strip() or 'another process'}; wait for it to "
                  f"end, or choose another --out_dir")
-        try:  # unbuffered: a write that failed must not be retried when the file closes
-            os.ftruncate(lock.fileno(), 0)
-            os.write(lock.fileno(), f"train.py, process {os.getpid()}\n".encode())
-        except OSError as err:
-            fail(f"cannot write {out / LOCK} ({err.strerror}); free space or choose another "
-                 f"--out_dir")
-        for path in out.iterdir():
-            if STALE_TEMP.fullmatch(path.name) and path.is_file():
-                path.unlink()
-        yield
+        try:
+            try:  # unbuffered: a write that failed must not be retried when the file closes
+                os.ftruncate(lock.fileno(), 0)
+                os.write(lock.fileno(), f"train.py, process {os.getpid()}\n".encode())
+            except OSError as err:
+                fail(f"cannot write {out / LOCK} ({err.strerror}); free space or choose another "
+                     f"--out_dir")
+            for path in out.iterdir():
+                if STALE_TEMP.fullmatch(path.name) and path.is_file():
+                    path.unlink()
+            yield
+        except BaseException:
+            if [path.name for path in out.iterdir()] == [LOCK]:  # ours, still held
+                (out / LOCK).unlink()
+                if made:
+                    out.rmdir()
+            raise
 
 
 def check_run_folder(args, out: Path, config: dict) -> bool:
-    """Whether to train: False when --resume finds this very run finished. Refuses, in one
-    sentence, a folder holding files without --resume, and with --resume the folder of another
-    run: files without a config.json of train.py, or one with other run-defining settings."""
+    """Whether to train: False when --resume finds this very run finished. Refuses a folder
+    holding files without --resume, and with --resume another run's folder (no config.json of
+    train.py, or other run-defining settings)."""
     files = sorted(path.name for path in out.iterdir() if path.name != LOCK)
     if files and not args.resume:
         fail(f"{out} already holds a run ({', '.join(files[:4])}); pass --resume to continue "
              f"it, or choose another --out_dir")
     if not files:
         return True
-    try:  # not a pipe, whose read would block forever
+    try:  # is_file: not a pipe, whose read would block forever
         recorded = json.loads((out / "config.json").read_text()) \
             if (out / "config.json").is_file() else None
     except (OSError, ValueError):
@@ -459,7 +472,8 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"a run to resume; choose another --out_dir")
     refuse_other_settings(out, recorded, config)
     if (out / "summary.json").exists():
-        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do")
+        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do; "
+              f"{TRAIN_LONGER}")
         return False
     return True
 
@@ -480,20 +494,20 @@ def settings(config: dict, keys) -> str:
                     for key in keys)
 
 
-def finite_or_none(value):
-    """JSON has no NaN or ∞: a non-finite number is written as null."""
-    return value if not isinstance(value, float) or math.isfinite(value) else None
+def json_text(record: dict, indent=None) -> str:
+    """record as JSON, which has no NaN or ∞: a non-finite number is written as null."""
+    return json.dumps({key: None if isinstance(value, float) and not math.isfinite(value)
+                       else value for key, value in record.items()}, indent=indent)
 
 
 def write_json(path, obj: dict):
-    store.write_atomic(path, json.dumps({k: finite_or_none(v) for k, v in obj.items()},
-                                        indent=2) + "\n")
+    store.write_atomic(path, json_text(obj, indent=2) + "\n")
 
 
 def append_log(path: Path, record: dict):
     """One JSON line at the end of the log, whole or not at all: when the disk fills up midway,
-    the part that went in is cut off again and store.WriteError says so in one sentence."""
-    line = (json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n").encode()
+    the part that went in is cut off again (store.WriteError's one sentence)."""
+    line = (json_text(record) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size, done = os.fstat(fd).st_size, 0
@@ -508,19 +522,16 @@ def append_log(path: Path, record: dict):
 
 
 def trim_log(path: Path, last_step: int):
-    """Keep the log lines up to the checkpoint's step: the steps after it are trained again,
-    and a line cut off by a kill is dropped."""
-    kept = []
+    """Keep the log lines up to the checkpoint's step (the steps after it are trained again);
+    a line cut off by a kill is dropped."""
     if path.exists() and not path.is_file():
         fail(f"{path} is not a file, so the run's log cannot be continued; move it out of the "
              f"way and resume again")
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] <= last_step:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):
-                pass
+    kept = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # not a whole line of ours
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line + "\n")
     store.write_atomic(path, "".join(kept))
 
 
@@ -550,28 +561,26 @@ def save_snapshot(out: Path, model: GPT, step: int, config: dict):
 
 
 def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
-    """Model, optimizer, loader position and RNG from ckpt.pt; returns step, init_loss and
-    train_time_s. A checkpoint that cannot continue this run ends in one sentence."""
+    """Model, optimizer, loader position and RNG from ckpt.pt; returns its step, init_loss,
+    train_time_s and config. One sentence for a checkpoint that cannot continue this run."""
+    def refuse(reason):
+        fail(f"{path} {reason}; delete it to start afresh")
     try:
         ckpt = load_checkpoint(path)
     except (ValueError, FileNotFoundError) as err:  # FileNotFoundError: not a file
         fail(f"{str(err).rstrip('.')}; delete it to start afresh")
-    missing = [key for key in ("optimizer", "loader", "rng", "init_loss", "train_time_s")
-               if key not in ckpt]
-    if missing:
-        fail(f"{path} holds weights but not what --resume needs ({', '.join(missing)}); "
-             f"delete it to start afresh")
+    if missing := [key for key in ("optimizer", "loader", "rng", "init_loss", "train_time_s")
+                   if key not in ckpt]:
+        refuse(f"holds weights but not what --resume needs ({', '.join(missing)})")
     for key in ("init_loss", "train_time_s"):  # they go into summary.json as they are
         if not isinstance(ckpt[key], (int, float)) or isinstance(ckpt[key], bool):
-            fail(f"{path} records {key} {ckpt[key]!r}, not a number, so it was not written by "
-                 f"train.py; delete it to start afresh")
+            refuse(f"records {key} {ckpt[key]!r}, not a number")
     refuse_other_settings(path, ckpt["config"], config)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as err:  # torch lists every mismatch, one per line: name the first
         detail = next(line.strip() for line in str(err).splitlines()[1:] + [str(err)] if line)
-        fail(f"{path} holds weights that do not fit the model of its settings ({detail[:160]}); "
-             f"delete it to start afresh")
+        refuse(f"holds weights that do not fit the model of its settings ({detail[:160]})")
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
@@ -579,20 +588,14 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
-        fail(f"{path} cannot continue this run ({err}); delete it to start afresh")
-    refuse_misshapen_optimizer_state(path, optimizer)
-    return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s")}
-
-
-def refuse_misshapen_optimizer_state(path: Path, optimizer):
-    """AdamW's load_state_dict takes moments of any shape; the first step would then fail deep
-    inside it. Each moment must have its parameter's shape (the step count is a scalar)."""
+        refuse(f"cannot continue this run ({err})")
+    # AdamW takes moments of any shape, and its first step would then fail deep inside.
     for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
         for name, value in optimizer.state.get(param, {}).items():
             if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
-                fail(f"{path} holds optimizer state {name} of shape {tuple(value.shape)} for "
-                     f"parameter {number} of shape {tuple(param.shape)}; it does not fit this "
-                     f"model: delete it to start afresh")
+                refuse(f"holds optimizer state {name} of shape {tuple(value.shape)} for "
+                       f"parameter {number} of shape {tuple(param.shape)}")
+    return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s", "config")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -612,9 +615,8 @@ def peak_flops(device: torch.device, dtype: str):
 
 
 class CompileWatch(logging.Filter):
-    """What torch.compile gave up on. With torch._dynamo.config.suppress_errors a function that
-    fails to compile runs eagerly, and torch logs that as a warning with a long traceback; this
-    filter keeps the root cause of each instead (one line), for train.py to say once."""
+    """What torch.compile gave up on (suppress_errors runs it eagerly and logs a traceback):
+    each root cause in one line, kept from the console, for train.py to say once."""
     LOGGER = logging.getLogger("torch._dynamo.convert_frame")
 
     def __init__(self):
@@ -632,15 +634,14 @@ class CompileWatch(logging.Filter):
         self.failures.append(text.strip().splitlines()[0][:200])
         return False  # kept from the console
 
-    def stop(self) -> str | None:
-        """Stop watching; the first failure, or None when everything compiled."""
+    def stop(self) -> str | None:  # the first failure; None when everything compiled
         self.LOGGER.removeFilter(self)
         return self.failures[0] if self.failures else None
 
 
 class Throughput:
-    """Tokens per second over the steps since the last restart, timed between device syncs
-    (CUDA runs asynchronously: without a sync the clock would time the queueing)."""
+    """Tokens per second since the last restart, timed between device syncs (without them the
+    clock would time CUDA's queueing)."""
 
     def __init__(self, device: torch.device, tokens_per_step: int):
         self.device, self.tokens_per_step = device, tokens_per_step
@@ -650,8 +651,7 @@ class Throughput:
         sync(self.device)
         self.start, self.steps = time.perf_counter(), 0
 
-    def read(self) -> tuple[float, float]:
-        """(tokens/s, seconds per step)."""
+    def read(self) -> tuple[float, float]:  # tokens/s, seconds per step
         sync(self.device)
         per_step = (time.perf_counter() - self.start) / self.steps
         return self.tokens_per_step / per_step, per_step
@@ -687,7 +687,7 @@ def format_duration(seconds: float) -> str:
 
 
 def log_line(record: dict, steps: int, eta: float | None) -> str:
-    """step, loss, lr, tokens/s, MFU, ETA: one line a person can read (no speed and no ETA
+    """step, loss, lr, tokens/s, MFU, ETA, val: one line a person can read (no speed and no ETA
     where none was measured: the first step, which compiles)."""
     parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
              f"lr {record['lr']:.2e}"]
@@ -721,44 +721,55 @@ class Run:
     compile_watch: CompileWatch | None  # what torch.compile gave up on; None: not compiled
 
 
-def setup(args, ctx: Dist, out: Path, say, build_model, make_optimizer) -> Run | None:
-    """Everything before the first step: the data, the run folder's checks, the model and its
-    optimizer (train.py's build_model(args) and make_optimizer(model, args), restored from
-    ckpt.pt with --resume), config.json. None when --resume finds the run finished."""
-    if ctx.master and not args.resume:  # a folder holding a run is refused before any download
-        check_run_folder(args, out, config={})
-    prepare_data(args, ctx)
-    loader = open_data(args, ctx, say)
-    config = dict(vars(args))
-    finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides for all
-    if all_reduce_sum(torch.tensor(float(finished), device=ctx.device)).item():
-        return None
-    torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # TF32 if asked
-    model = build_model(args).to(ctx.device)
-    optimizer = make_optimizer(model, args)
-    state = {"step": 0, "init_loss": None, "train_time_s": 0.0}
-    if args.resume and (out / "ckpt.pt").exists():
-        state = restore(out / "ckpt.pt", config, model, optimizer, loader, ctx.device)
-    # The wrappers share the model's parameters: compiled on CUDA (a model that fails to compile
-    # runs eagerly: the loop says so after the first step), and in DDP on several processes.
-    if args.compile:
-        torch._dynamo.config.suppress_errors = True
-    compile_watch = CompileWatch() if args.compile else None
-    compiled = torch.compile(model) if args.compile else model
-    wrapped = compiled if ctx.world_size == 1 else \
-        DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-    if ctx.master:
-        write_json(out / "config.json", config)
-        trim_log(out / "log.jsonl", state["step"])  # a fresh run starts an empty log
-    return Run(model, compiled, wrapped, optimizer, loader, config, out,
-               compile_watch=compile_watch, **state)
+@contextlib.contextmanager
+def setup(args, ctx: Dist, say, build_model, make_optimizer):
+    """Everything before step 1, in the run folder that rank 0 locks until the block ends: the
+    data, the folder's checks, build_model(args) and make_optimizer(model, args) (restored with
+    --resume), the CPU threads, config.json. Yields the Run; None if --resume finds it finished."""
+    out = Path(args.out_dir)
+    with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
+        if ctx.master and not args.resume:  # a folder holding a run is refused before a download
+            check_run_folder(args, out, config={})
+        prepare_data(args, ctx)
+        loader = open_data(args, ctx, say)
+        config = dict(vars(args), world_size=ctx.world_size)
+        finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides
+        if all_reduce_sum(torch.tensor(float(finished), device=ctx.device)).item():
+            yield None
+            return
+        torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # TF32 if asked
+        model = build_model(args).to(ctx.device)
+        optimizer = make_optimizer(model, args)
+        state = {"step": 0, "init_loss": None, "train_time_s": 0.0, "config": {}}
+        if args.resume and (out / "ckpt.pt").exists():
+            state = restore(out / "ckpt.pt", config, model, optimizer, loader, ctx.device)
+        elif args.resume:
+            say(f"{out} holds no ckpt.pt: the run starts at step 0")
+        recorded = state.pop("config")
+        if changed := [key for key in ROUNDING if key in recorded and recorded[key] != config[key]]:
+            say(f"--resume with {', '.join(f'{key} {config[key]}' for key in changed)}, not "
+                f"the run's {', '.join(str(recorded[key]) for key in changed)}: the same run, "
+                f"rounded otherwise")
+        config["cpu_threads"] = choose_cpu_threads(ctx, recorded.get("cpu_threads"))
+        # The wrappers share the model's parameters: compiled (a model that fails to compile
+        # runs eagerly: the loop says so after the first step), and in DDP on several processes.
+        if args.compile:
+            torch._dynamo.config.suppress_errors = True
+        compiled, compile_watch = (torch.compile(model), CompileWatch()) if args.compile else \
+            (model, None)
+        wrapped = compiled if ctx.world_size == 1 else \
+            DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        if ctx.master:
+            write_json(out / "config.json", config)
+            trim_log(out / "log.jsonl", state["step"])  # a fresh run starts an empty log
+        yield Run(model, compiled, wrapped, optimizer, loader, config, out,
+                  compile_watch=compile_watch, **state)
 
 
 def say_compile_failure(run: Run, ctx: Dist, say):
-    """After the first step (everything has compiled by then): if torch.compile gave up on
-    anything, say it in one line and record it in config.json as compile_failed."""
-    failure = run.compile_watch.stop()
-    if failure:
+    """After the first step, when all has compiled: what torch.compile gave up on, said in one
+    line and recorded in config.json as compile_failed."""
+    if failure := run.compile_watch.stop():
         run.config["compile_failed"] = failure
         say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where it "
             f"failed, recorded as compile_failed in config.json")

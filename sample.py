@@ -2,13 +2,10 @@
 
     python sample.py --run out --prompt "Satan, now first inflamed with rage" --num_samples 3
 
-The next token is drawn from softmax(l / T) over the logits l the run's head computes (soft-
-capped for soft_cap, c·tanh(l/c); μ-centering's rows are centred already), restricted to the k
-largest with --top_k; --temperature 0 takes the largest. Every text starts after <|endoftext|>,
-as every training document does. Padded vocabulary rows (GPT-2 has 50257 tokens, V = 50304) are
-never drawn. The model runs in float32, whatever autocast it was trained under. A run on a
-synthetic vocabulary (V < 50257) takes and prints token ids instead.
-"""
+The next token is drawn from softmax(l / T) over the logits l of the run's head (soft-capped
+for soft_cap), among the k largest with --top_k; --temperature 0 takes the largest. Texts start
+after <|endoftext|>, as training documents do; padding ids (≥ 50257) are never drawn; the model
+runs in float32. A run on a synthetic vocabulary (V < 50257) takes and prints token ids."""
 import argparse
 import sys
 from pathlib import Path
@@ -28,8 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--run", default="out", help="run folder of train.py (its ckpt.pt is read)")
     a("--ckpt", default=None, help="a checkpoint file instead (e.g. RUN/ckpt_step0000100.pt)")
-    a("--prompt", default="", help="text to continue (token ids, space-separated, for a "
-      "synthetic vocabulary)")
+    a("--prompt", default="", help="text to continue (a synthetic vocabulary's: token ids)")
     a("--num_samples", type=positive_int, default=3, help="continuations to print")
     a("--max_new_tokens", type=positive_int, default=60, help="tokens per continuation")
     a("--temperature", type=non_negative_float, default=0.8, help="T; 0 = always the likeliest")
@@ -53,8 +49,8 @@ def next_token_probs(logits: torch.Tensor, temperature: float, top_k: int) -> to
 
 @torch.no_grad()
 def generate(gpt, prompt: list[int], args, drawable: int) -> torch.Tensor:
-    """(num_samples, max_new_tokens) token ids continuing `prompt`; only ids < drawable are
-    drawn. The context is the last block_size tokens (no cache: these models are small)."""
+    """(num_samples, max_new_tokens) ids < drawable continuing `prompt`, each drawn from the
+    last block_size tokens (no cache: these models are small)."""
     generator = torch.Generator(args.device).manual_seed(args.seed)
     idx = torch.tensor([prompt] * args.num_samples, device=args.device)
     for _ in range(args.max_new_tokens):
@@ -85,8 +81,7 @@ def text_codec(vocab_size: int):
 
 
 def load_model(args):
-    """(model in eval mode, its run's config, its step) from --ckpt or --run's ckpt.pt, on
-    --device; FileNotFoundError or ValueError in one sentence."""
+    """(model in eval mode, its run's config, its step) from --ckpt or --run's ckpt.pt."""
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -99,14 +94,13 @@ def load_model(args):
     if not args.ckpt and not path.is_file():
         raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
                                 f"train.py run (its --out_dir), or --ckpt FILE")
-    args.device = str(device)
-    return load_checkpoint(path, args.device)
+    print(f"loading {path} …", flush=True)  # it and the vocabulary may take seconds
+    return load_checkpoint(path, str(device))
 
 
 def main(argv=None) -> list[str]:
     """Print --num_samples continuations of --prompt; returns them. Bad input: one sentence."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         gpt, config, step = load_model(args)
         encode, decode, drawable = text_codec(gpt.config.vocab_size)
@@ -114,9 +108,9 @@ def main(argv=None) -> list[str]:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         sys.exit(f"sample.py: error: {err}")
     print(f"{config['size']} {config['head']}, step {step} of {config.get('steps')}; T = "
-          f"{args.temperature:g}, top-k {args.top_k or 'all'}, seed {args.seed}")
-    samples = [args.prompt + decode(row.tolist())
-               for row in generate(gpt, prompt, args, drawable)]
+          f"{args.temperature:g}, top-k {args.top_k or 'all'}, seed {args.seed}; drawing "
+          f"{args.num_samples} × {args.max_new_tokens} tokens …", flush=True)
+    samples = [args.prompt + decode(row.tolist()) for row in generate(gpt, prompt, args, drawable)]
     for number, text in enumerate(samples, 1):
         print(f"--- sample {number}\n{text}")
     return samples

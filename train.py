@@ -1,8 +1,5 @@
-"""One training run with the recipe of the paper's App. A, on one process or many (torchrun DDP).
-
-    python train.py --size tiny --data tests/assets/paradise_regained.txt --steps 200 \\
-        --batch_size 8 --seq_len 128                                          # on a laptop
-    torchrun --nproc_per_node=4 train.py --head mu_center                     # the paper's 4 GPUs
+"""One training run with the recipe of the paper's App. A, on one process or many (torchrun DDP):
+`python train.py --help` lists the options, grouped, with an example.
 
 One optimizer step: the global batch of --batch_size sequences is split into micro-batches of
 --micro_batch sequences per process, A = batch_size / (micro_batch · world_size) of them on
@@ -11,19 +8,16 @@ DDP averages gradients over the processes on the last micro-batch only. Then the
 gradient norm is clipped to 1.0, AdamW steps, and head.after_step(W) runs: μ-centering sets
 eᵢ ← eᵢ − μ. Every rank computes μ from identical weights, so no communication is needed.
 
---data is a folder of shards, or text files (tokenized once into a cached shard folder); left
-at its default, the FineWeb100B shards the run reads are downloaded. The run folder (--out_dir)
-holds config.json, log.jsonl (one line per log step), ckpt.pt (everything --resume needs,
-every --save_every steps) and summary.json (written at the end: the run is finished). Every
-file is replaced atomically; one process at a time may use the folder (OUT_DIR/.lock). A run
-whose loss becomes non-finite stops, records diverged: true and exits 0, so a sweep carries on.
+The run folder (--out_dir) holds config.json (the settings), log.jsonl (a line per log step,
+appended whole), ckpt.pt (what --resume needs, every --save_every steps) and summary.json
+(written at the end: the run is finished); config.json, ckpt.pt and summary.json are replaced
+atomically, and one process at a time may use the folder (runs.run_folder_lock). A run whose
+loss becomes non-finite stops, records diverged: true and exits 0, so a sweep carries on.
 """
 import contextlib
 import math
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,13 +26,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import fused_loss
 import heads
 import measure
-import store
 from model import GPT, from_config
-from runs import (Dist, FiniteWatch, Run, Throughput, all_reduce_sum, append_log,
-                  choose_cpu_threads, cpu_threads, device_batches, eta_seconds, fail,
-                  init_distributed, log_line, parse_args, peak_flops, run_folder_lock,
-                  save_checkpoint, save_snapshot, say_compile_failure, setup, timed, unwrap,
-                  val_batches, write_json)
+from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum, append_log,
+                  cpu_threads, device_batches, eta_seconds, log_line, parse_args, peak_flops,
+                  run_process, save_checkpoint, save_snapshot, say_compile_failure, setup, timed,
+                  unwrap, val_batches, write_json)
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4) and the measurement settings; the options and their
@@ -301,32 +293,21 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
 
 
 def train(args, ctx: Dist) -> GPT | None:
-    """Setup, then the training loop; global rank 0 holds the run folder's lock throughout and
-    writes its files. Returns the trained model (None when --resume finds the run finished)."""
+    """Setup, then the training loop, in the run folder that global rank 0 locks and writes.
+    Returns the trained model (None when --resume finds the run finished)."""
     say = print if ctx.master else (lambda *a, **k: None)
-    out = Path(args.out_dir)
-    choose_cpu_threads(ctx)
-    with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
-        run = setup(args, ctx, out, say, build_model, make_optimizer)
-        if run is None:
-            return None
-        return training_loop(run, args, ctx, say)
+    with setup(args, ctx, say, build_model, make_optimizer) as run:
+        model = run and training_loop(run, args, ctx, say)
+    if run and run.step == args.steps and (run.out / "summary.json").exists():
+        say(f"the run is finished; {TRAIN_LONGER}")
+    return model
 
 
 def main(argv=None) -> GPT | None:
     """Train one run as the command line says; see train()."""
     args = parse_args(argv)
-    try:
-        return train(args, init_distributed(args))
-    except store.WriteError as err:  # a full disk, a folder that cannot be written: one sentence
-        fail(str(err))
-    except KeyboardInterrupt:
-        print("train.py: interrupted; --resume continues from the last checkpoint",
-              file=sys.stderr)
-        raise SystemExit(130) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with run_process(args) as ctx:
+        return train(args, ctx)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def test_a_synthetic_vocabulary_takes_and_prints_token_ids(tmp_path, capsys):
     run = write_run(tmp_path / "markov", vocab_size=64)
     texts = sample.main(["--run", str(run), "--prompt", "3 1 4", "--num_samples", "1",
                          "--max_new_tokens", "5"])
+    assert capsys.readouterr().out.startswith(f"loading {run / 'ckpt.pt'} …\n")  # before the wait
     ids = [int(word) for word in texts[0].split()]
     assert ids[:3] == [3, 1, 4] and len(ids) == 8 and all(0 <= i < 64 for i in ids)
     with pytest.raises(SystemExit, match="vocabulary has 64 token ids, not GPT-2's text; give "

@@ -20,6 +20,7 @@ import torch
 
 import data
 import prepare
+import runs
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +134,7 @@ def test_tiny_run_on_text_learns_and_fills_the_run_folder(text_data, tmp_path, c
 
     printed = capsys.readouterr().out
     assert "step 30/30 | loss" in printed and "tok/s" in printed and "ETA" in printed
+    assert f"the run is finished; {runs.TRAIN_LONGER}" in printed
     assert train.main(argv + ["--resume"]) is None           # finished: nothing to do
     assert read_summary(out) == summary
 
@@ -196,7 +198,8 @@ DETERMINISTIC = ("step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_
                  "logit_std", "logit_absmax", "log2Z", "val_loss")
 
 
-def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_path, monkeypatch):
+def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_path, monkeypatch,
+                                                              capsys):
     """Killed after step 5 with the last checkpoint at step 3: steps 4‥5 are lost and redone.
     The second half runs under torch.compile (dynamo, eager backend, for speed): a compiled
     run resumes an eager checkpoint."""
@@ -209,6 +212,8 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_p
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     resumed = train.main(tiny(markov_data, tmp_path / "cut", *common, "--resume", "--compile",
                               steps=8))
+    assert "--resume with compile True, not the run's False: the same run, rounded otherwise" \
+        in capsys.readouterr().out
     expected, got = read_log(tmp_path / "whole"), read_log(tmp_path / "cut")
     assert [r["step"] for r in got] == list(range(1, 9))
     for a, b in zip(expected, got):
@@ -220,6 +225,27 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_p
         {k: v for k, v in s2.items() if k != "train_time_s"}
     ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
     assert not any(key.startswith("_orig_mod.") for key in ckpt["model"])
+
+
+def test_a_resumed_run_keeps_its_cpu_thread_count_under_another_load(markov_data, tmp_path,
+                                                                     monkeypatch, capsys):
+    """1 and 2 threads round a step's gradients apart, and the count follows the load average."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))     # idle: 2 threads
+    train.main(tiny(markov_data, tmp_path, "--stop_at", "2", "--save_every", "2", steps=4))
+    assert json.loads((tmp_path / "config.json").read_text())["cpu_threads"] == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 0.0, 0.0))     # busy: a new run takes 1
+    train.main(tiny(markov_data, tmp_path, "--resume", steps=4))
+    assert ", 2 CPU thread(s)" in capsys.readouterr().out and torch.get_num_threads() == 2
+    assert json.loads((tmp_path / "config.json").read_text())["cpu_threads"] == 2
+
+
+def test_resume_without_a_checkpoint_says_it_starts_at_step_0(markov_data, tmp_path, capsys):
+    train.main(tiny(markov_data, tmp_path, "--stop_at", "1", steps=3))  # before any checkpoint
+    train.main(tiny(markov_data, tmp_path, "--resume", steps=3))
+    assert f"{tmp_path} holds no ckpt.pt: the run starts at step 0" in capsys.readouterr().out
+    assert [record["step"] for record in read_log(tmp_path)] == [1, 2, 3]
 
 
 def test_chunked_loss_path_trains_like_the_plain_one(markov_data, tmp_path):
@@ -270,6 +296,36 @@ def test_a_bad_command_line_under_torchrun_is_said_once_and_fails(markov_data, t
     assert done.stderr.count("train.py: error: --batch_size 3 must be a multiple of "
                              "--micro_batch × processes = 1 × 2 = 2") == 1
     assert done.returncode != 0 and not list(tmp_path.iterdir())
+
+
+def test_an_error_of_every_rank_under_torchrun_is_said_once(tmp_path):
+    done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       str(ROOT / "train.py"), *tiny(tmp_path / "missing", tmp_path / "run")])
+    assert done.stderr.count("train.py: error: ") == 1 and done.returncode != 0
+    assert not (tmp_path / "run").exists()               # no folder holding only .lock
+
+
+def test_a_failed_run_leaves_no_folder_holding_only_its_lock(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert "no train shards" in error_of(tiny(tmp_path / "missing", out), capsys)
+    assert not out.exists()
+    out.mkdir()                                          # a folder the user made stays
+    error_of(tiny(tmp_path / "missing", out), capsys)
+    assert out.is_dir() and not list(out.iterdir())
+
+
+def test_help_groups_the_options_gives_an_example_and_the_download_size(capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for group in ("model", "optimisation", "data and run folder", "measurement", "device"):
+        assert f"\n{group}:\n" in text
+    assert "python train.py --size tiny --data tests/assets/paradise_regained.txt" in text
+    assert "(default: None)" not in text and "(default: False)" not in text and "2⁶⁴" not in text
+    shards = prepare.shards_needed(100_000 * 64 * 2048)  # the default --steps, batch, seq_len
+    gigabytes = (shards + 1) * (data.SHARD_TOKENS * 2 + data.HEADER_BYTES) / 1e9
+    assert f"downloads the {prepare.DEFAULT_DATASET} shards the run reads: {gigabytes:.1f} GB" \
+        in text
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -550,7 +606,8 @@ def test_ctrl_c_ends_in_one_line_and_exit_code_130(markov_data, tmp_path):
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130
-    assert err == "train.py: interrupted; --resume continues from the last checkpoint\n"
+    assert err == ("train.py: interrupted; no checkpoint yet (every --save_every 1000 steps), so "
+                   "--resume starts at step 0\n")
 
 
 def test_command_line_errors_come_without_a_traceback(tmp_path):
@@ -691,14 +748,14 @@ def test_cpu_threads_are_the_idle_cores_shared_by_the_processes_of_a_node(monkey
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 0.0, 0.0))
-    assert train.choose_cpu_threads(cpu) == 5            # 8 cores, 2.6 busy
+    assert runs.choose_cpu_threads(cpu) == 5            # 8 cores, 2.6 busy
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert train.choose_cpu_threads(cpu) == 2
+    assert runs.choose_cpu_threads(cpu) == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 0.0, 0.0))
-    assert train.choose_cpu_threads(cpu) == 1            # overloaded: still one
+    assert runs.choose_cpu_threads(cpu) == 1            # overloaded: still one
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     torch.set_num_threads(3)
-    assert train.choose_cpu_threads(cpu) == 3            # the user's choice stands
+    assert runs.choose_cpu_threads(cpu) == 3            # the user's choice stands
 
 
 def test_a_folder_holding_a_run_is_refused_before_the_data_is_looked_at(tmp_path):
