@@ -22,6 +22,7 @@ written as a unit by `store.write_dataset`), so train.py reads them all alike
 It imports data.py and store.py, nothing else of its project (tiktoken only to tokenize text).
 """
 import argparse
+import contextlib
 import hashlib
 import http.client
 import io
@@ -81,17 +82,19 @@ def _split_train_val(tokens, val_fraction, align=1):
 def gpt2_encoding():
     """tiktoken's GPT-2 encoding (50257 tokens, <|endoftext|> = EOT = 50256).
 
-    tiktoken is imported here, not at the top: reading shards needs no tokenizer. It
-    downloads vocab.bpe and encoder.json on first use and caches them in
-    TIKTOKEN_CACHE_DIR under the sha1 of their URL. Where that download fails (offline),
-    the byte-identical copies shipped in tests/assets/gpt2 seed such a cache in GPT2_CACHE,
-    which TIKTOKEN_CACHE_DIR then names for this process and its tokenizer workers (tiktoken
-    still checks their sha256; a half-copied file fails that check). One line says so."""
+    tiktoken (imported here: reading shards needs no tokenizer) downloads vocab.bpe and
+    encoder.json on first use into TIKTOKEN_CACHE_DIR, under the sha1 of their URL. Where that
+    fails (offline), the byte-identical copies in tests/assets/gpt2 seed such a cache in
+    GPT2_CACHE (tiktoken still checks their sha256), and one line says so. A process that
+    names no cache of its own uses that seeded one from then on: the download is tried once."""
     try:
         import tiktoken
     except ImportError:
         raise RuntimeError("tokenizing text needs tiktoken, which is not installed; "
                            "run `pip install tiktoken`") from None
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and \
+            all((GPT2_CACHE / _gpt2_cache_name(name)).is_file() for name in GPT2_FILES):
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)  # inherited by tokenizer workers
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
@@ -99,15 +102,12 @@ def gpt2_encoding():
     if _seed_gpt2_cache():
         print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); using "
               f"the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})", flush=True)
-        try:
+        with contextlib.suppress(Exception):
             return tiktoken.get_encoding("gpt2")
-        except Exception:
-            pass
     names = ", ".join(f"{name} as {_gpt2_cache_name(name)}" for name in GPT2_FILES)
     raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
                        f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
                        f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from failure
-
 
 
 def _gpt2_cache_name(name):
@@ -117,8 +117,7 @@ def _gpt2_cache_name(name):
 
 def _seed_gpt2_cache():
     """Copy the shipped GPT-2 files into GPT2_CACHE and point TIKTOKEN_CACHE_DIR at it; False
-    when there is nothing new to try (no shipped copy, the cache already in use, or it cannot
-    be written)."""
+    when there is nothing new to try (no shipped copy, the cache in use, or not writable)."""
     if os.environ.get("TIKTOKEN_CACHE_DIR") == str(GPT2_CACHE) or \
             not all((GPT2_SHIPPED / name).is_file() for name in GPT2_FILES):
         return False
@@ -128,7 +127,7 @@ def _seed_gpt2_cache():
             shutil.copyfile(GPT2_SHIPPED / name, GPT2_CACHE / _gpt2_cache_name(name))
     except OSError:
         return False
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)  # inherited by the tokenizer workers
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)
     return True
 
 
@@ -457,8 +456,7 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
             print(f"{label}: already here, recorded in the manifest")
             store.write_manifest(folder, source)
         else:
-            digest = download_shard(f"{url}/{name}", path, label=label)
-            entry = {"bytes": path.stat().st_size, "sha256": digest}
+            entry = download_shard(f"{url}/{name}", path, label=label)
             store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
@@ -482,7 +480,7 @@ def download_shard(url, path, label=""):
     says so). Where the server states the file's sha256 (the Hugging Face hub's
     X-Linked-Etag, or an ETag of 64 hex digits), the download must match it. A shard that
     fails validation is deleted, so no half or corrupt file remains under its name.
-    Returns the shard's sha256."""
+    Returns its manifest entry (store.file_entry)."""
     part = path.with_name(path.name + ".part")
     expected = None
     for attempt in range(DOWNLOAD_RETRIES + 1):
@@ -502,10 +500,10 @@ def download_shard(url, path, label=""):
         raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
                            f"to resume it from {part}")
     try:
-        n, digest = data.shard_length(part), store.sha256_file(part)
-        if total is not None and _size(part) != total:
-            raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
-        if expected and digest != expected:
+        n, entry = data.shard_length(part), store.file_entry(part, shard=True)
+        if total is not None and entry["bytes"] != total:
+            raise ValueError(f"{part} has {entry['bytes']} bytes but the server announced {total}")
+        if expected and entry["sha256"] != expected:
             raise ValueError(f"its sha256 differs from the {expected} the server announced")
     except ValueError as err:
         part.unlink()
@@ -513,7 +511,7 @@ def download_shard(url, path, label=""):
                          f"run the command again, or check --base_url") from None
     store.rename(part, path)
     print(f"{label}: {n:,} tokens ok")
-    return digest
+    return entry
 
 
 def _size(path):
