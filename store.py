@@ -1,17 +1,14 @@
 """A dataset as a unit: checked whole, written whole; and the project's atomic writes.
 
-A dataset is a folder of data.py shards (`*train*.bin`, `*val*.bin`) plus `manifest.json`,
-which names every file of the dataset with its size and sha256 and is written last, so a
-reader can tell a complete dataset from a mixed or half-written one (`check_dataset`). A new
-dataset is written beside the old one and swapped in (`write_dataset`), so a reader never
-sees half of one. Every file of the project that must not be left half-written (manifests,
-checkpoints, logs, results) goes through `write_atomic` / `open_atomic`, which live here
-because datasets needed them first (`python store.py --help`):
+A dataset is a folder of data.py shards plus `manifest.json`, written last, which records
+every file's size and sha256 (and each shard's largest token id), so a reader tells a whole
+dataset from a mixed or half-written one (`check_dataset`); a new one is written beside the
+old and swapped in (`write_dataset`). Every file of the project that must never be half
+written goes through `write_atomic` / `open_atomic`; every command line's number types
+(positive_int, …) are defined here once (`python store.py --help`):
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
-
-The argparse number types of every command line (positive_int, …) are defined here once.
 """
 import argparse
 import contextlib
@@ -38,15 +35,14 @@ HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on e
 
 # ----------------------------------------------------------------------------- checking
 def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
-    """Verify the folder as one dataset with train and val shards and return its fingerprint.
+    """Verify the folder as one dataset and return its fingerprint; ValueError (no shards:
+    FileNotFoundError) in one sentence otherwise.
 
-    No INCOMPLETE marker; every shard's header agrees with its length; with a manifest, every
-    shard is named in it and every file it names is there with its size and, when the whole
-    dataset is at most hash_bytes, its sha256 (hashing FineWeb at every start would take
-    minutes: `python store.py check DIR` hashes any size). The fingerprint is the sha256 of
-    the files' names, sizes and recorded hashes (sizes only without a manifest), whether or
-    not they were hashed now: the same for the same content wherever it lives, so --resume
-    compares datasets, not paths. ValueError (FileNotFoundError: no shards) in one sentence."""
+    No INCOMPLETE marker; every shard's header fits its length; with a manifest, every shard
+    is in it and every file it names is there with its size, and its sha256 when the dataset
+    is ≤ hash_bytes (hashing FineWeb at every start takes minutes: `store.py check` hashes
+    all). The fingerprint hashes the names, sizes and recorded sha256s (sizes alone without a
+    manifest), so --resume compares content, not paths, whether or not it was hashed now."""
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
         raise ValueError(f"{folder} was left half-written by an interrupted prepare.py (it still "
@@ -93,8 +89,7 @@ def check_vocab(folder, vocab_size):
 
 
 def read_manifest(folder):
-    """The folder's manifest {"files": {name: {"bytes", "sha256"[, "max_token"]}}, "source"}
-    or None."""
+    """The folder's manifest {"files": {name: {"bytes", "sha256", …}}, "source": …}, or None."""
     path = Path(folder) / MANIFEST
     if not path.exists():
         return None
@@ -110,11 +105,9 @@ def read_manifest(folder):
 
 
 def write_manifest(folder, source, names=None, known=None):
-    """Record the files `names` of the dataset in folder (default: its shards, and the files
-    the old manifest names that are still there) with their entries (file_entry).
-
-    Complete entries of the old manifest whose size still matches, and `known` ones
-    ({name: entry}), are not read again, so recording one more FineWeb shard costs one read."""
+    """Record the files `names` (default: the shards, and what the old manifest names that is
+    still there) with their entries; complete old ones of the same size, and `known` ones
+    ({name: entry}), are not read again, so one more FineWeb shard costs one read."""
     folder = Path(folder)
     old = (read_manifest(folder) or {}).get("files", {})
     if names is None:
@@ -197,7 +190,7 @@ def open_atomic(path):
 
 class WatchedFile(io.FileIO):
     """A file that writes all of every buffer (os.write may write a part) and remembers the
-    OSError of a failed write, so it can be told apart from a library's wrapping of it."""
+    OSError of a failed write or fsync, to tell it from a library's wrapping of it."""
     error = None
 
     def write(self, content):
@@ -284,7 +277,7 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
             names = _write_files(staging, prefix, splits, extras or {})
             write_manifest(staging, source, names)
             if fresh:
-                _rename_folder(staging, out_dir)
+                _rename_fresh(staging, out_dir)
             else:
                 _swap_in(staging, out_dir, names, prefix)
         except BaseException:
@@ -352,12 +345,10 @@ def _staging_folder(parent, name):
     return make_folder(parent / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staging")
 
 
-def _rename_folder(staging, out_dir):
-    """Rename the complete staging folder to out_dir; FileExistsError if out_dir was
-    filled meanwhile (another writer of the same dataset finished first)."""
+def _rename_fresh(staging, out_dir):
     try:
         os.rename(staging, out_dir)
-    except OSError as err:
+    except OSError as err:                     # another writer of the same dataset was first
         if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise FileExistsError(f"{out_dir} was written by another process meanwhile; "
                                   f"run the command again") from None
@@ -433,7 +424,7 @@ def check_command(folder):
     manifest = read_manifest(folder)
     check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
     if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
-        write_manifest(folder, (manifest or {}).get("source", {"kind": "recorded by store.py check"}))
+        write_manifest(folder, manifest["source"] if manifest else {"kind": "store.py check"})
         done = "had no manifest" if manifest is None else "recorded its shards' largest token ids"
         print(f"{folder}: {done}; wrote {Path(folder) / MANIFEST}")
     print(f"{folder}: ok, fingerprint {check_dataset(folder, hash_bytes=0)}")
@@ -447,8 +438,8 @@ def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, split="train"
     for _ in range(steps):
         loader.next_batch()
     rate = steps * batch_size * seq_len / (time.perf_counter() - t0)
-    print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} "
-          f"from {data_dir} {split})")
+    print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} from "
+          f"{data_dir} {split})")
     return rate
 
 
