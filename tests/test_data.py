@@ -887,3 +887,24 @@ def test_two_runs_caching_the_same_text_at_once_share_one_folder(tmp_path, monke
     folder = prepare.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
     assert len(calls) == 2 and [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == theirs  # used, not replaced
+
+
+# ----------------------------------------------------------------------------- through train.py
+def test_a_run_in_random_order_resumes_bit_for_bit(tmp_path):
+    import train                                             # the data order as train.py uses it
+    prepare.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=tmp_path / "d",
+                              seq_len=32)
+
+    def run(out, *extra):
+        return train.main(["--size", "tiny", "--device", "cpu", "--vocab_size", "64", "--data",
+                           str(tmp_path / "d"), "--out_dir", str(tmp_path / out), "--steps", "6",
+                           "--warmup", "1", "--seq_len", "32", "--batch_size", "4",
+                           "--micro_batch", "2", "--eval_tokens", "256", "--stat_tokens", "64",
+                           "--save_every", "2", "--data_order", "random", *extra])
+    whole = run("whole")
+    run("cut", "--stop_at", "3")                            # killed after step 3, saved at 2
+    resumed = run("cut", "--resume")
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), name
+    in_order = run("sequential", "--data_order", "sequential")  # same seed, same initial weights
+    assert not torch.equal(whole.wte.weight, in_order.wte.weight)
