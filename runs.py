@@ -281,12 +281,12 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def prepare_data(args, ctx: Dist):
     """Make --data a folder of shards and check it, once per node: local rank 0 does it
-    (make_shards) while the other ranks wait at a gloo barrier with a long timeout (NCCL's 10
+    (make_ready) while the other ranks wait at a gloo barrier with a long timeout (NCCL's 10
     minutes are too short for a download), so no rank sees a half-made folder and no two ranks
     of a node read the whole dataset; a failure ends every rank, rank 0 with its sentence."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None
-    problem = make_shards(args) if ctx.local_rank == 0 else ""
+    problem = make_ready(args) if ctx.local_rank == 0 else ""
     failed = torch.tensor([float(bool(problem))])
     if waiting is not None:  # the barrier: local rank 0 is done
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=waiting)
@@ -296,7 +296,7 @@ def prepare_data(args, ctx: Dist):
         args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
 
 
-def make_shards(args) -> str:
+def make_ready(args) -> str:
     """Tokenize --data's text files (prepare.text_dataset), or download the default FineWeb
     shards the run reads when missing (prepare.fetch_fineweb); then check the dataset whole
     (store.check_dataset, hashes when small) and its token ids < --vocab_size (store.check_vocab:
@@ -310,9 +310,9 @@ def make_shards(args) -> str:
                   f"{shards} train shards of {data.SHARD_TOKENS:,} tokens) …", flush=True)
             try:
                 prepare.fetch_fineweb(args.data, train_shards=shards)
+            except store.WriteError as err:  # a full disk is not a network error
+                return str(err)
             except (RuntimeError, OSError, ValueError) as err:
-                if isinstance(err, store.WriteError):  # a full disk is not a network error
-                    raise
                 return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); "
                         f"to train on local text instead, pass the text files as --data")
         store.check_dataset(args.data)
