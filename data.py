@@ -164,10 +164,9 @@ class ShardLoader:
         rng = np.random.default_rng([self.seed, self.rank, self.batches])
         shard = rng.choice(len(self.paths), p=self.shard_odds)
         starts = rng.integers(0, self.lengths[shard] - self.T, size=self.B)
-        rows = read_shard(self.paths[shard])[starts[:, None] + np.arange(self.T + 1)]
+        tokens, index = read_shard(self.paths[shard]), starts[:, None] + np.arange(self.T)
         self.batches += 1
-        rows = torch.from_numpy(rows.astype(np.int64))
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        return tuple(torch.from_numpy(tokens[index + k].astype(np.int64)) for k in (0, 1))
 
     def state_dict(self):
         """Where the next batch comes from, in ints the same on every rank: sequential

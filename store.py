@@ -257,14 +257,13 @@ def make_folder(path):
 # ----------------------------------------------------------------------------- writing a dataset
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards of ≤ SHARD_TOKENS each,
-    plus `extras` {name: bytes}, as one unit with its manifest. Returns the shard paths.
+    plus `extras` {name: bytes}, as one unit with its manifest; returns the shard paths.
 
-    All is written into a staging folder first, which then replaces an empty out_dir in one
-    rename, or an existing dataset under an INCOMPLETE marker that every reader refuses until
-    the swap is done (_swap_in). Shards of another source in out_dir are refused (the loader
-    would mix them in); with replace=False an existing dataset is kept: FileExistsError. One
-    writer at a time holds out_dir (an flock on the folder): a second is refused in one
-    sentence, or with replace=False waits and then finds the dataset there."""
+    All is written into a staging folder that then replaces an empty out_dir in one rename,
+    or an existing dataset under an INCOMPLETE marker (_swap_in). Another source's shards in
+    out_dir are refused; replace=False keeps an existing dataset (FileExistsError). One
+    writer holds out_dir at a time (an flock): a second is refused, or with replace=False
+    waits and then finds the dataset there."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         fresh = not any(out_dir.iterdir())
@@ -336,8 +335,10 @@ def _staging_folder(parent, name):
     make_folder(parent)
     for old in parent.glob(f".{name}.*.staging"):
         pid = old.name.rsplit(".", 3)[-3]
+        if not pid.isdigit():
+            continue
         try:
-            os.kill(int(pid), 0) if pid.isdigit() else None
+            os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(old, ignore_errors=True)
         except PermissionError:                # it runs, as another user
@@ -413,6 +414,7 @@ def parse_args(argv=None):
     b.add_argument("--batch_size", type=positive_int, default=64)
     b.add_argument("--seq_len", type=positive_int, default=1024)
     b.add_argument("--steps", type=positive_int, default=200)
+    b.add_argument("--data_order", choices=data.ORDERS, default="sequential")
     return p.parse_args(argv)
 
 
@@ -430,16 +432,16 @@ def check_command(folder):
     print(f"{folder}: ok, fingerprint {check_dataset(folder, hash_bytes=0)}")
 
 
-def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, split="train"):
+def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, order="sequential"):
     """Tokens per second data.ShardLoader delivers (memory map → int64 tensors)."""
-    loader = data.ShardLoader(data_dir, batch_size, seq_len, split=split)
+    loader = data.ShardLoader(data_dir, batch_size, seq_len, order=order)
     loader.next_batch()                        # touch the first shard
     t0 = time.perf_counter()
     for _ in range(steps):
         loader.next_batch()
     rate = steps * batch_size * seq_len / (time.perf_counter() - t0)
     print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} from "
-          f"{data_dir} {split})")
+          f"{data_dir} train, {order} order)")
     return rate
 
 
@@ -449,7 +451,7 @@ def main(argv=None):
         if args.command == "check":
             check_command(args.folder)
         else:
-            bench_loader(args.data, args.batch_size, args.seq_len, args.steps)
+            bench_loader(args.data, args.batch_size, args.seq_len, args.steps, args.data_order)
     except (ValueError, RuntimeError, OSError) as err:  # user-caused: one sentence, no traceback
         raise SystemExit(f"store.py {args.command}: error: {err}") from None
 
