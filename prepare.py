@@ -392,22 +392,18 @@ def shards_needed(tokens, dataset=DEFAULT_DATASET):
     return min(math.ceil(tokens / data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
 
 
-def fineweb_base_url(dataset=DEFAULT_DATASET, base_url=None):
-    """Where the shards live: base_url, else $FINEWEB_BASE_URL, else Hugging Face."""
-    if dataset not in FINEWEB_DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; "
-                         f"choose one of {', '.join(FINEWEB_DATASETS)}")
-    return (base_url or os.environ.get(BASE_URL_ENV)
-            or f"https://huggingface.co/datasets/{FINEWEB_DATASETS[dataset][0]}/resolve/main")
-
-
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder.
+    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder, from
+    base_url, else $FINEWEB_BASE_URL, else Hugging Face.
 
     Shards the manifest records with their size are kept; shards there but not recorded (an
     older prepare.py's) are validated and recorded; every other one is downloaded
     (download_shard) and recorded at once, so the folder is one dataset at every moment."""
-    url = fineweb_base_url(dataset, base_url).rstrip("/")
+    if dataset not in FINEWEB_DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; "
+                         f"choose one of {', '.join(FINEWEB_DATASETS)}")
+    url = (base_url or os.environ.get(BASE_URL_ENV) or f"https://huggingface.co/datasets/"
+           f"{FINEWEB_DATASETS[dataset][0]}/resolve/main").rstrip("/")
     available = FINEWEB_DATASETS[dataset][1]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
