@@ -7,14 +7,16 @@ elsewhere work as they are:
     bytes 1024‥    n tokens, little-endian uint16
 
 A split is the sorted `*train*.bin` (or `*val*.bin`) shards of a folder. `ShardLoader` cuts
-its token stream into (B, T+1) windows, x = window[:-1] and y = window[1:]; with world size
-W, step s of rank r reads the block that starts at position s·W·B·T + r·B·T, so the ranks of
-one step read disjoint, adjacent blocks and together read exactly what one process with
-batch W·B reads. Its position is a plain dict of ints (`state_dict`), so a resumed run
-continues with exactly the next batch.
+them into (B, T) batches x and y = x shifted by one token, in one of two orders:
 
-Imports nothing of its project (torch and numpy only). What makes a folder one dataset (a
-manifest, writing it whole, fingerprints) is store.py's; prepare.py makes the shards.
+- sequential: the split read once per epoch, in order; the ranks of one step read disjoint,
+  adjacent blocks, together exactly what one process with W times the batch reads;
+- random (the paper's code): every batch is B random windows of one random shard, drawn
+  from a stream of its own per (seed, rank, batch number).
+
+Either way the loader's position is a dict of ints (`state_dict`), so a resumed run draws
+exactly the batches the uninterrupted run would have. Imports nothing of its project (torch
+and numpy only); what makes a folder one dataset (a manifest, writing it whole) is store.py's.
 """
 from pathlib import Path
 
@@ -26,6 +28,7 @@ HEADER_INTS = 256                     # header length in int32 (1024 bytes)
 HEADER_BYTES = HEADER_INTS * 4
 SHARD_TOKENS = 100_000_000            # tokens per train shard: FineWeb's, and ours
 EOT = 50256                           # GPT-2 <|endoftext|>, placed before every document
+ORDERS = ("sequential", "random")
 PREPARE_HINT = ("`python prepare.py fineweb --shards 8 --out {dir}` (GPT-2 FineWeb) or "
                 "`python prepare.py text FILES --out {dir}` (your own text)")
 
@@ -33,8 +36,8 @@ PREPARE_HINT = ("`python prepare.py fineweb --shards 8 --out {dir}` (GPT-2 FineW
 # ----------------------------------------------------------------------------- shard format
 def write_shard(path, tokens):
     """Write tokens (ints in [0, 65535]) as one shard. Not atomic by itself: a write cut short
-    leaves a file shorter than its header says, which shard_length refuses (prepare.py
-    writes whole datasets in a staging folder, store.write_dataset)."""
+    leaves a file shorter than its header says, which shard_length refuses (store.py writes
+    whole datasets in a staging folder)."""
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() > 65535):
         raise ValueError(f"token ids must lie in [0, 65535] to fit a uint16 shard, "
@@ -50,27 +53,23 @@ def shard_length(path):
     """Validate a shard's header against its file size and return its token count n."""
     path = Path(path)
     size = path.stat().st_size
-    if size < HEADER_BYTES:
-        raise ValueError(f"{path} is truncated: {size} bytes is shorter than the "
-                         f"{HEADER_BYTES}-byte header; delete it and prepare the data again")
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    if header[0] != MAGIC:
-        raise ValueError(f"{path} is not a token shard: its magic number is {header[0]}, "
-                         f"not {MAGIC} (llm.c format); delete it and prepare the data again")
-    if header[1] != VERSION:
-        raise ValueError(f"{path} has shard version {header[1]}, but only version {VERSION} "
-                         f"(uint16 tokens) is supported; prepare the data again with prepare.py")
-    n = int(header[2])
-    if n < 0:
-        raise ValueError(f"{path} has a corrupt header: it announces {n} tokens; delete it "
-                         f"and prepare the data again")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS) if size >= HEADER_BYTES else None
+    n = -1 if header is None else int(header[2])
     expected = HEADER_BYTES + 2 * n
-    if size != expected:
-        state = "truncated" if size < expected else "longer than its header says"
-        raise ValueError(f"{path} is {state}: its header announces {n} tokens "
-                         f"({expected} bytes) but the file has {size} bytes; "
-                         f"delete it and prepare the data again")
-    return n
+    if header is None:
+        problem = f"is truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header"
+    elif header[0] != MAGIC:
+        problem = f"is not a token shard: its magic number is {header[0]}, not {MAGIC}"
+    elif header[1] != VERSION:
+        problem = f"has shard version {header[1]}; only version {VERSION} (uint16) is read"
+    elif n < 0:
+        problem = f"has a corrupt header: it announces {n} tokens"
+    elif size != expected:
+        problem = (f"is {'truncated' if size < expected else 'longer than its header says'}: "
+                   f"its header announces {n} tokens ({expected} bytes) but the file has {size}")
+    else:
+        return n
+    raise ValueError(f"{path} {problem}; delete it and prepare the data again")
 
 
 def read_shard(path):
@@ -82,12 +81,15 @@ def read_shard(path):
 
 
 def shard_paths(data_dir, split):
-    """The sorted shards `DIR/*{split}*.bin`; FileNotFoundError naming the command that makes
-    them when there are none, ValueError when one of those names is not a file."""
+    """The sorted shards `DIR/*{split}*.bin`; FileNotFoundError when there are none (naming
+    the command that makes them), ValueError when one of those names is not a file."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     data_dir = Path(data_dir)
-    if data_dir.exists() and not data_dir.is_dir():
+    if not data_dir.exists():
+        raise FileNotFoundError(f"no {split} shards: {data_dir} does not exist (a relative "
+                                f"path starts in {Path.cwd()}); check the path")
+    if not data_dir.is_dir():
         raise ValueError(f"{data_dir} is a file, not a folder of shards; pass the folder that "
                          f"holds the *train*.bin and *val*.bin shards")
     paths = sorted(data_dir.glob(f"*{split}*.bin"))
@@ -105,31 +107,47 @@ def shard_paths(data_dir, split):
 class ShardLoader:
     """Batches (x, y) of int64 CPU tensors (B, T) from a split's shards, memory-mapped.
 
-    Step s reads, for rank r, the window block tokens[p + r·B·T : p + r·B·T + B·T + 1] of
-    the current shard, with p the step's global position; row b is the (T+1)-token window
-    starting at b·T of that block, x = window[:-1], y = window[1:]. After the step
-    p ← p + W·B·T. When the next step's W·B·T + 1 tokens do not fit in the shard, the
-    loader moves to the next shard at p = 0 (the tail is skipped), and after the last shard
-    wraps around to the first (epoch + 1)."""
+    sequential: step s reads, for rank r, the block tokens[p + r·B·T : p + r·B·T + B·T + 1]
+    of the current shard, p the step's global position; row b is the (T+1)-token window at
+    b·T of that block, x = window[:-1], y = window[1:]. After the step p ← p + W·B·T. When
+    the next step's W·B·T + 1 tokens do not fit, the loader moves to the next shard at p = 0
+    (the tail is skipped), after the last shard back to the first (epoch + 1).
 
-    def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train"):
+    random: batch k of rank r draws, from numpy's generator seeded with (seed, r, k), one
+    shard with probability ∝ its n − T window starts (uniform over equal shards, as the
+    paper's code draws them) and B starts i uniform in [0, n − T − 1]; row b is
+    tokens[i_b : i_b + T + 1]. Windows may overlap and repeat (drawn with replacement)."""
+
+    def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train",
+                 order="sequential", seed=0):
         if batch_size < 1 or seq_len < 1:
             raise ValueError(f"batch_size and seq_len must be ≥ 1, "
                              f"got {batch_size} and {seq_len}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
+        self.order, self.seed = order, seed
         self.paths = shard_paths(data_dir, split)
         self.lengths = [shard_length(p) for p in self.paths]
-        step_tokens = world_size * batch_size * seq_len + 1
+        B, T, W = batch_size, seq_len, world_size
+        need, what = (W * B * T + 1, f"one step reads ({W} ranks × {B} sequences × {T} tokens "
+                                     f"+ 1)") if order == "sequential" else \
+            (T + 1, f"one sequence reads ({T} tokens + 1)")
         for path, n in zip(self.paths, self.lengths):
-            if n < step_tokens:
-                raise ValueError(f"{path} holds {n} tokens, fewer than the {step_tokens} one step "
-                                 f"needs (world_size·batch_size·seq_len + 1); lower batch_size "
-                                 f"or seq_len, or prepare more data")
-        self.load_state_dict({"shard": 0, "position": 0, "epoch": 0})
+            if n < need:
+                raise ValueError(f"{path} holds {n} tokens, fewer than the {need} {what}; use "
+                                 f"fewer or shorter sequences, or prepare more data")
+        starts = np.array(self.lengths) - T
+        self.shard_odds = starts / starts.sum()
+        self.load_state_dict({"shard": 0, "position": 0, "epoch": 0} if order == "sequential"
+                             else {"batches": 0})
 
     def next_batch(self):
+        return self._next_in_order() if self.order == "sequential" else self._next_at_random()
+
+    def _next_in_order(self):
         B, T, W = self.B, self.T, self.world_size
         if self.position + W * B * T + 1 > self.lengths[self.shard]:
             self.shard += 1
@@ -142,11 +160,28 @@ class ShardLoader:
         self.position += W * B * T
         return window[:-1].view(B, T), window[1:].view(B, T)
 
+    def _next_at_random(self):
+        rng = np.random.default_rng([self.seed, self.rank, self.batches])
+        shard = rng.choice(len(self.paths), p=self.shard_odds)
+        starts = rng.integers(0, self.lengths[shard] - self.T, size=self.B)
+        tokens, index = read_shard(self.paths[shard]), starts[:, None] + np.arange(self.T)
+        self.batches += 1
+        return tuple(torch.from_numpy(tokens[index + k].astype(np.int64)) for k in (0, 1))
+
     def state_dict(self):
-        """Where the next batch starts: plain ints, shared by all ranks (not rank-specific)."""
+        """Where the next batch comes from, in ints the same on every rank: sequential
+        {shard, position, epoch}; random {batches} (each rank has drawn that many)."""
+        if self.order == "random":
+            return {"batches": self.batches}
         return {"shard": self.shard, "position": self.position, "epoch": self.epoch}
 
     def load_state_dict(self, state):
+        if ("batches" in state) != (self.order == "random"):
+            raise ValueError(f"loader state {state} was written for the other data order, not "
+                             f"{self.order}; resume with the order the run was started with")
+        if self.order == "random":
+            self.batches = int(state["batches"])
+            return
         shard, position = int(state["shard"]), int(state["position"])
         if not (0 <= shard < len(self.paths) and 0 <= position <= self.lengths[shard]):
             raise ValueError(f"loader state {state} does not fit the {len(self.paths)} shard(s) "
@@ -154,29 +189,29 @@ class ShardLoader:
         self.shard, self.position, self.epoch = shard, position, int(state.get("epoch", 0))
         self.tokens = read_shard(self.paths[shard])
 
-    def check_vocab(self, vocab_size):
-        """ValueError if any token id ≥ vocab_size: reads every shard once (~GB/s)."""
-        for path in self.paths:
-            tokens = read_shard(path)
-            top = int(tokens.max()) if tokens.size else -1
-            if top >= vocab_size:
-                raise ValueError(f"{path} holds token id {top}, outside the model's vocabulary "
-                                 f"of {vocab_size}; raise --vocab_size or use data made for it")
+
+def max_token(path):
+    """The largest token id of a shard (−1 if it is empty): reads all of it (~GB/s)."""
+    tokens = read_shard(path)
+    return int(tokens.max()) if tokens.size else -1
 
 
 def val_batches(data_dir, eval_tokens, batch_size, seq_len, rank=0, world_size=1):
-    """The first ⌊eval_tokens / (W·B·T)⌋ steps of the val split, as ShardLoader reads them.
+    """The first ⌊eval_tokens / (W·B·T)⌋ steps of the val split, read in order.
 
-    Every rank gets the same number of batches and together they cover each evaluated
-    token exactly once, so a mean over ranks gives the same loss for any world size."""
+    Every rank gets the same number of batches and together they cover each evaluated token
+    once, so the mean of the ranks' mean losses is the mean over those tokens. Runs on W and
+    W′ ranks evaluate the same tokens, hence the same loss up to rounding, when eval_tokens
+    is a multiple of both W·B·T and W′·B·T and those tokens lie in the first val shard (the
+    tail a shard skips, (n − 1) mod W·B·T, depends on W)."""
     loader = ShardLoader(data_dir, batch_size, seq_len, rank, world_size, split="val")
     step = world_size * batch_size * seq_len
     steps = eval_tokens // step
     available = sum((n - 1) // step for n in loader.lengths)
     if not 1 <= steps <= available:
         raise ValueError(f"eval_tokens={eval_tokens} must cover between 1 and {available} steps "
-                         f"of {step} tokens (world_size·batch_size·seq_len) of {data_dir}'s val "
-                         f"split; change eval_tokens")
+                         f"of {step} tokens ({world_size} ranks × {batch_size} sequences × "
+                         f"{seq_len} tokens) of {data_dir}'s val split; change eval_tokens")
     return (loader.next_batch() for _ in range(steps))
 
 

@@ -1,27 +1,23 @@
 """Making token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
 
-Every source ends as a dataset folder in data.py's format (llm.c shards plus a manifest,
-written as a unit by `store.write_dataset`), so train.py reads them all alike
-(`python prepare.py --help`):
+Every source ends as a dataset folder of data.py shards written whole by store.py, so
+train.py reads them all alike (`python prepare.py --help`):
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
     python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
     python prepare.py synthetic --task markov --vocab 64 --tokens 10000000 --out data/markov
     python prepare.py renumber data/shakespeare --out data/shakespeare_dense
 
-- fineweb: downloads pre-tokenized shards, resuming broken transfers and checking each
-  shard (and its sha256 where the server states it) before it joins the dataset.
-- text: each file is one document, [EOT] + its GPT-2 tokens, tokenized in parallel pieces
-  that give exactly the tokens of the whole; the last tenth (--val_fraction) is the val split.
+- fineweb: pre-tokenized shards, each checked (and its sha256 where the server states it)
+  before it joins the dataset; broken transfers resume.
+- text: each file one document, [EOT] + its GPT-2 tokens; the last --val_fraction is val.
   `python train.py --data FILES` tokenizes them once into a cache (`text_dataset`).
-- synthetic: `repeat` (sequences of one repeated token) and `markov` (a random first-order
-  chain whose entropy rate, the best reachable loss, is known and stored with it).
-- renumber: a dataset's tokens re-numbered 0 … V′−1 over the ids its training split uses, so
-  that no output row belongs to a token training never shows (train with --vocab_size V′).
-
-It imports data.py and store.py, nothing else of its project (tiktoken only to tokenize text).
+- synthetic: `repeat` (one token repeated a sequence) and `markov` (a random chain whose
+  entropy rate, the best reachable loss, is stored with it).
+- renumber: the ids training uses re-numbered 0 … V′−1, so every output row is trained.
 """
 import argparse
+import contextlib
 import hashlib
 import http.client
 import io
@@ -81,17 +77,19 @@ def _split_train_val(tokens, val_fraction, align=1):
 def gpt2_encoding():
     """tiktoken's GPT-2 encoding (50257 tokens, <|endoftext|> = EOT = 50256).
 
-    tiktoken is imported here, not at the top: reading shards needs no tokenizer. It
-    downloads vocab.bpe and encoder.json on first use and caches them in
-    TIKTOKEN_CACHE_DIR under the sha1 of their URL. Where that download fails (offline),
-    the byte-identical copies shipped in tests/assets/gpt2 seed such a cache in GPT2_CACHE,
-    which TIKTOKEN_CACHE_DIR then names for this process and its tokenizer workers (tiktoken
-    still checks their sha256; a half-copied file fails that check). One line says so."""
+    tiktoken (imported here: reading shards needs no tokenizer) downloads vocab.bpe and
+    encoder.json on first use into TIKTOKEN_CACHE_DIR, under the sha1 of their URL. Where that
+    fails (offline), the byte-identical copies in tests/assets/gpt2 seed such a cache in
+    GPT2_CACHE (tiktoken still checks their sha256), and one line says so. A process that
+    names no cache of its own uses that seeded one from then on: the download is tried once."""
     try:
         import tiktoken
     except ImportError:
         raise RuntimeError("tokenizing text needs tiktoken, which is not installed; "
                            "run `pip install tiktoken`") from None
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and \
+            all((GPT2_CACHE / _gpt2_cache_name(name)).is_file() for name in GPT2_FILES):
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)  # inherited by tokenizer workers
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
@@ -99,15 +97,12 @@ def gpt2_encoding():
     if _seed_gpt2_cache():
         print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); using "
               f"the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})", flush=True)
-        try:
+        with contextlib.suppress(Exception):
             return tiktoken.get_encoding("gpt2")
-        except Exception:
-            pass
     names = ", ".join(f"{name} as {_gpt2_cache_name(name)}" for name in GPT2_FILES)
     raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
                        f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
                        f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from failure
-
 
 
 def _gpt2_cache_name(name):
@@ -117,8 +112,7 @@ def _gpt2_cache_name(name):
 
 def _seed_gpt2_cache():
     """Copy the shipped GPT-2 files into GPT2_CACHE and point TIKTOKEN_CACHE_DIR at it; False
-    when there is nothing new to try (no shipped copy, the cache already in use, or it cannot
-    be written)."""
+    when there is nothing new to try (no shipped copy, the cache in use, or not writable)."""
     if os.environ.get("TIKTOKEN_CACHE_DIR") == str(GPT2_CACHE) or \
             not all((GPT2_SHIPPED / name).is_file() for name in GPT2_FILES):
         return False
@@ -128,17 +122,15 @@ def _seed_gpt2_cache():
             shutil.copyfile(GPT2_SHIPPED / name, GPT2_CACHE / _gpt2_cache_name(name))
     except OSError:
         return False
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)  # inherited by the tokenizer workers
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)
     return True
 
 
 def text_pieces(text, max_chars=PIECE_CHARS):
-    """Cut text into pieces of about ≤ max_chars at line ends, for parallel tokenizing.
-
-    A cut sits just before a newline that follows a non-space character. GPT-2's
-    pre-tokenizer regex has no look-behind, and none of its patterns carries a run of
-    letters, digits or punctuation on into whitespace, so a pre-token ends there in the
-    whole text too: the tokens of the pieces, concatenated, equal the tokens of the whole."""
+    """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, just before a
+    newline that follows a non-space character. GPT-2's pre-tokenizer regex has no
+    look-behind and no pattern carries letters, digits or punctuation on into whitespace, so
+    a pre-token ends there in the whole text too: the pieces' tokens are the whole's."""
     cuts = [m.start() for m in re.finditer(r"(?<=\S)\n", text)]
     pieces, start = [], 0
     while len(text) - start > max_chars:
@@ -179,10 +171,8 @@ def read_texts(files):
 
 
 def tokenize_texts(texts, workers=None):
-    """All texts as one token stream: each is one document, [EOT] + its tokens.
-
-    Large texts are cut at line ends (text_pieces) and the pieces tokenized by
-    a pool of processes; the result is identical to tokenizing each text whole."""
+    """All texts as one stream, each one document [EOT] + its tokens, its pieces (text_pieces)
+    tokenized by a pool of processes."""
     pieces, starts = [], []                # starts[k]: is pieces[k] the first of a document?
     for text in texts:
         doc = text_pieces(text)
@@ -207,13 +197,10 @@ def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None):
 
 
 def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
-    """The shard folder of these text files: tokenized on first use, reused after that.
-
-    The folder, `cache_root/{first file's stem}-{key}`, is named by a key: the sha256 of
-    the texts (in order), the tokenizer and val_fraction. The same text finds the same
-    folder, checked before use; edited text gets a new folder, hence another dataset
-    fingerprint, which a resumed run compares. A folder whose manifest records another key
-    than its name (changed under the cache) is refused."""
+    """The shard folder of these text files, `cache_root/{first stem}-{key}`: tokenized on
+    first use, reused after. The key hashes the texts, the tokenizer and val_fraction, so
+    edited text gets a new folder (and fingerprint); a folder whose manifest records another
+    key than its name is refused."""
     texts = read_texts(files)
     key = _text_key(texts, val_fraction)
     folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
@@ -252,20 +239,16 @@ def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=Tr
 
 # ----------------------------------------------------------------------------- synthetic tasks
 def _synthetic_rng(seed, stream):
-    """Independent random streams per (seed, purpose), so the matrix ignores --tokens."""
+    """Independent streams per (seed, purpose), so the matrix ignores --tokens."""
     return np.random.default_rng([seed, stream])
 
 
 def synthesize_repeat(vocab, n_tokens, seq_len, seed):
-    """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT.
-
-    The trivial pattern of the gradient-bottleneck study: within a sequence the next token
-    is certain, P(y = x) = 1. With train.py's --seq_len equal to this seq_len, every input
-    row x is one sequence; only a row's last target y[-1] starts the next sequence (as at
-    a document boundary), and is uniform. A causal model without absolute positions (RoPE
-    is relative) has the same hidden state at every position of such a row, so it cannot
-    single out that last position: its floor is the loss of the best constant prediction,
-    above 0 (analyze.py derives it)."""
+    """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT: the
+    gradient-bottleneck study's trivial pattern, P(y = x) = 1 inside a sequence. With
+    train.py's --seq_len the same, each row is one sequence whose last target starts the
+    next; a causal model with RoPE (no absolute positions) cannot single out that position,
+    so its floor is the best constant prediction's loss, above 0 (analyze.py derives it)."""
     choices = np.arange(vocab)
     choices = choices[choices != data.EOT]
     firsts = _synthetic_rng(seed, 1).choice(choices, size=n_tokens // seq_len)
@@ -273,10 +256,9 @@ def synthesize_repeat(vocab, n_tokens, seq_len, seed):
 
 
 def markov_transition(vocab, seed):
-    """A random first-order Markov language: P[i, j] = P(next = j | token = i), V×V float64.
-
-    Each row is drawn from a symmetric Dirichlet(MARKOV_ALPHA); all entries are positive,
-    so the chain is irreducible and aperiodic and has one stationary distribution π."""
+    """A random first-order Markov language: P[i, j] = P(next = j | token = i), V×V float64,
+    each row a symmetric Dirichlet(MARKOV_ALPHA) draw; all entries are positive, so the
+    chain is irreducible and aperiodic with one stationary distribution π."""
     if not 2 <= vocab <= MARKOV_MAX_VOCAB:
         raise ValueError(f"the markov task needs 2 ≤ --vocab ≤ {MARKOV_MAX_VOCAB} "
                          f"(its V×V matrix is stored), got {vocab}")
@@ -301,13 +283,11 @@ def markov_entropy_rate(P, pi):
 
 
 def synthesize_markov(P, n_tokens, seed):
-    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains laid end to end.
+    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains end to end.
 
-    Each chain starts from π and so is stationary throughout; every transition inside a
-    chain is an exact draw from P, and only the few joins between chains (one per
-    MARKOV_CHAIN_TOKENS tokens) are not. The chains advance together, one vectorized step
-    each: with the rows' CDFs laid out on one axis as i + cdf[i, j], the next token of a
-    chain at i with uniform u is searchsorted(that axis, i + u) − i·V."""
+    Each starts from π, so is stationary; every transition but the joins is an exact draw
+    from P. The chains advance together: with the rows' CDFs on one axis as i + cdf[i, j],
+    the next token of a chain at i with uniform u is searchsorted(that axis, i + u) − i·V."""
     V = len(P)
     rng = _synthetic_rng(seed, 1)
     n_chains = -(-n_tokens // MARKOV_CHAIN_TOKENS)
@@ -358,8 +338,7 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
 
 
 def _refuse_too_large(n_tokens, out_dir):
-    """One sentence instead of a MemoryError: the tokens are held in memory as uint16 (2 bytes
-    each) and written to disk once, at 2 bytes each."""
+    """One sentence instead of a MemoryError: the tokens take 2 bytes each in memory and disk."""
     need = 2 * n_tokens
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     disk = Path(out_dir).resolve()
@@ -381,9 +360,8 @@ def _npy_bytes(array):
 # ----------------------------------------------------------------------------- renumbering
 def prepare_renumbered(source_dir, out_dir):
     """Write source_dir's tokens with the ids its training split uses re-numbered 0 … V′−1, in
-    their order, and return V′. Validation tokens that training never uses are dropped (their
-    rows would only ever be pushed down). renumber_ids.npy keeps each new id's old one; GPT-2
-    text cannot be decoded from the new ids without it. Both splits are held in memory."""
+    order, and return V′; val tokens training never uses are dropped (their rows would only be
+    pushed down). renumber_ids.npy keeps each new id's old one, to decode. Held in memory."""
     if Path(source_dir).resolve() == Path(out_dir).resolve():
         raise ValueError(f"--out {out_dir} is the source itself; give another folder, the "
                          "source stays as it is")
@@ -409,56 +387,42 @@ def prepare_renumbered(source_dir, out_dir):
 
 # ----------------------------------------------------------------------------- FineWeb download
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
-    """Train shards of SHARD_TOKENS a run of `tokens` training tokens reads, at most all the
-    dataset holds (a longer run wraps around): the paper's 13.1B tokens need 132 of
-    FineWeb100B; FineWeb10B has only 103, so it would repeat about a quarter of its data."""
+    """Train shards a run of `tokens` training tokens reads, at most all the dataset holds (a
+    longer run wraps around): the paper's 13.1B tokens need 132 of FineWeb100B's 1028."""
     return min(math.ceil(tokens / data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
 
 
-def fineweb_shard_names(train_shards):
-    """fineweb_val_000000.bin, then fineweb_train_000001‥N.bin (the datasets count from 1)."""
-    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
-                                         for i in range(1, train_shards + 1)]
+def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
+    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder, from
+    base_url, else $FINEWEB_BASE_URL, else Hugging Face.
 
-
-def fineweb_base_url(dataset=DEFAULT_DATASET, base_url=None):
-    """Where the shards live: base_url, else $FINEWEB_BASE_URL, else Hugging Face."""
+    Shards the manifest records with their size are kept; shards there but not recorded (an
+    older prepare.py's) are validated and recorded; every other one is downloaded
+    (download_shard) and recorded at once, so the folder is one dataset at every moment."""
     if dataset not in FINEWEB_DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; "
                          f"choose one of {', '.join(FINEWEB_DATASETS)}")
-    return (base_url or os.environ.get(BASE_URL_ENV)
-            or f"https://huggingface.co/datasets/{FINEWEB_DATASETS[dataset][0]}/resolve/main")
-
-
-def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download the val shard and train shards 1‥N of a FineWeb dataset into folder.
-
-    Shards the manifest records with their size are kept; shards there but not recorded
-    (fetched by an older prepare.py or another tool) are validated, hashed and recorded. An
-    interrupted download continues from its `.part` file; each shard is validated (and its
-    sha256 compared when the server states it) before it is renamed into place and
-    recorded in the manifest, so the folder is one consistent dataset at every moment."""
-    url = fineweb_base_url(dataset, base_url).rstrip("/")
+    url = (base_url or os.environ.get(BASE_URL_ENV) or f"https://huggingface.co/datasets/"
+           f"{FINEWEB_DATASETS[dataset][0]}/resolve/main").rstrip("/")
     available = FINEWEB_DATASETS[dataset][1]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
                          f"not {train_shards}")
     folder = store.make_folder(folder)
     store.refuse_foreign_shards(folder, "fineweb")
-    names = fineweb_shard_names(train_shards)
+    names = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
+                                          for i in range(1, train_shards + 1)]
     recorded = (store.read_manifest(folder) or {}).get("files", {})
     source = {"kind": "fineweb", "dataset": dataset}
     for k, name in enumerate(names, 1):
-        path, label = folder / name, f"[{k}/{len(names)}] {name}"
-        entry = recorded.get(name)
+        path, label, entry = folder / name, f"[{k}/{len(names)}] {name}", recorded.get(name)
         if entry and path.is_file() and path.stat().st_size == entry["bytes"]:
             continue
         if path.is_file() and entry is None and _valid_shard(path):
             print(f"{label}: already here, recorded in the manifest")
             store.write_manifest(folder, source)
         else:
-            digest = download_shard(f"{url}/{name}", path, label=label)
-            entry = {"bytes": path.stat().st_size, "sha256": digest}
+            entry = download_shard(f"{url}/{name}", path, label=label)
             store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
@@ -475,14 +439,14 @@ def _valid_shard(path):
 
 
 def download_shard(url, path, label=""):
-    """Fetch one shard through `path.part`, resuming with HTTP Range, then validate and rename.
+    """Fetch one shard through `path.part`, validate it and rename it; returns its manifest
+    entry (store.file_entry).
 
-    A transfer that breaks off after making progress is resumed up to DOWNLOAD_RETRIES
-    times. A 206 reply must continue exactly where the part file ends (its Content-Range
-    says so). Where the server states the file's sha256 (the Hugging Face hub's
-    X-Linked-Etag, or an ETag of 64 hex digits), the download must match it. A shard that
-    fails validation is deleted, so no half or corrupt file remains under its name.
-    Returns the shard's sha256."""
+    A transfer that breaks off after making progress is resumed with an HTTP Range request,
+    up to DOWNLOAD_RETRIES times; a 206 reply must continue exactly where the part file ends
+    (its Content-Range). Where the server states the file's sha256 (the Hugging Face hub's
+    X-Linked-Etag, or an ETag of 64 hex digits) the download must match it. A shard that
+    fails validation is deleted, so no half or corrupt file remains under its name."""
     part = path.with_name(path.name + ".part")
     expected = None
     for attempt in range(DOWNLOAD_RETRIES + 1):
@@ -502,10 +466,10 @@ def download_shard(url, path, label=""):
         raise RuntimeError(f"the download of {url} kept breaking off; run the command again "
                            f"to resume it from {part}")
     try:
-        n, digest = data.shard_length(part), store.sha256_file(part)
-        if total is not None and _size(part) != total:
-            raise ValueError(f"{part} has {_size(part)} bytes but the server announced {total}")
-        if expected and digest != expected:
+        n, entry = data.shard_length(part), store.file_entry(part, shard=True)
+        if total is not None and entry["bytes"] != total:
+            raise ValueError(f"{part} has {entry['bytes']} bytes but the server announced {total}")
+        if expected and entry["sha256"] != expected:
             raise ValueError(f"its sha256 differs from the {expected} the server announced")
     except ValueError as err:
         part.unlink()
@@ -513,7 +477,7 @@ def download_shard(url, path, label=""):
                          f"run the command again, or check --base_url") from None
     store.rename(part, path)
     print(f"{label}: {n:,} tokens ok")
-    return digest
+    return entry
 
 
 def _size(path):
@@ -532,9 +496,8 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def _transfer(url, part, have, label):
-    """Append url's bytes from offset `have` to `part`.
-
-    Returns (the full size if known, the sha256 the server states or None)."""
+    """Append url's bytes from offset `have` to `part`, printing progress; returns (the full
+    size if known, the sha256 the server states or None)."""
     request = urllib.request.Request(url, headers={"User-Agent": "prepare.py"})
     if have:
         request.add_header("Range", f"bytes={have}-")
@@ -548,8 +511,9 @@ def _transfer(url, part, have, label):
     with response:
         announced = _announced_sha256(redirects.headers + [response.headers])
         resumed = response.status == 206
+        length = response.headers.get("Content-Length")
         total = _resumed_total(url, response.headers, have) if resumed else \
-            _int_or_none(response.headers.get("Content-Length"))
+            None if length is None else int(length)
         done = have if resumed else 0
         t0, last, start = time.perf_counter(), 0.0, done
         try:
@@ -595,15 +559,10 @@ def _announced_sha256(header_sets):
     return None
 
 
-def _int_or_none(text):
-    return int(text) if text is not None else None
-
-
 def _print_progress(label, done, total, rate):
-    mb = 1e6
     eta = f", ETA {(total - done) / max(rate, 1):.0f} s" if total else ""
-    of = f"/{total / mb:.0f}" if total else ""
-    print(f"\r{label}: {done / mb:.0f}{of} MB, {rate / mb:.1f} MB/s{eta}   ", end="", flush=True)
+    of = f"/{total / 1e6:.0f}" if total else ""
+    print(f"\r{label}: {done / 1e6:.0f}{of} MB, {rate / 1e6:.1f} MB/s{eta}   ", end="", flush=True)
 
 
 def _download_error(url, err):

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = (group := p.add_argument_group("data and run folder")).add_argument
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
       f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
+    a("--data_order", default="sequential", choices=data.ORDERS, help="sequential: each token "
+      "once per epoch; random: the paper's, random windows of a random shard per batch, by --seed")
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
@@ -285,46 +287,46 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 # The data: made ready once per node, checked before any step
 
 def prepare_data(args, ctx: Dist):
-    """Make --data a folder of shards: text files are tokenized once (prepare.text_dataset); the
-    default FineWeb shards the run reads are downloaded when missing (prepare.fetch_fineweb).
-    Local rank 0 of each node does it while the others wait at a gloo barrier with a long
-    timeout (NCCL's 10 minutes are too short for a download). All ranks agree on whether
-    there is work before anyone starts, so no rank can see a half-made folder."""
-    needed = torch.tensor([float(bool(args.text) or args.data == prepare.DEFAULT_DATA
-                                 and not has_shards(args.data))])
+    """Make --data a folder of shards and check it, once per node: local rank 0 does it
+    (make_ready) while the other ranks wait at a gloo barrier with a long timeout (NCCL's 10
+    minutes are too short for a download), so no rank sees a half-made folder and no two ranks
+    of a node read the whole dataset; a failure ends every rank, rank 0 with its sentence."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None
-    if waiting is not None:
-        dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=waiting)
-    if not needed.item():
-        return
-    problem = make_shards(args) if ctx.local_rank == 0 else ""
+    problem = make_ready(args) if ctx.local_rank == 0 else ""
     failed = torch.tensor([float(bool(problem))])
     if waiting is not None:  # the barrier: local rank 0 is done
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=waiting)
     if failed.item():
-        fail(problem or "preparing the data failed on another process")
+        fail(problem or "preparing or checking the data failed on another process")
     if args.text and ctx.local_rank != 0:
         args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
 
 
-def make_shards(args) -> str:
-    """Tokenize --data's text files, or download the default FineWeb shards; returns '' or one
-    sentence saying what went wrong."""
+def make_ready(args) -> str:
+    """Tokenize --data's text files (prepare.text_dataset), or download the default FineWeb
+    shards the run reads when missing (prepare.fetch_fineweb); then check the dataset whole
+    (store.check_dataset, hashes when small) and its token ids < --vocab_size (store.check_vocab:
+    the manifest's largest ids, else every shard read once). Returns '' or one sentence."""
     try:
         if args.text:
             args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))
-        else:
+        elif args.data == prepare.DEFAULT_DATA and not has_shards(args.data):
             shards = prepare.shards_needed(args.steps * args.batch_size * args.seq_len)
             print(f"no shards in {args.data}: downloading {prepare.DEFAULT_DATASET} (1 val + "
                   f"{shards} train shards of {data.SHARD_TOKENS:,} tokens) …", flush=True)
-            prepare.fetch_fineweb(args.data, train_shards=shards)
+            try:
+                prepare.fetch_fineweb(args.data, train_shards=shards)
+            except store.WriteError as err:  # a full disk is not a network error
+                return str(err)
+            except (RuntimeError, OSError, ValueError) as err:
+                return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); "
+                        f"to train on local text instead, pass the text files as --data")
+        store.check_dataset(args.data)
+        store.check_vocab(args.data, args.vocab_size)
         return ""
     except (RuntimeError, OSError, ValueError) as err:
-        if args.text or isinstance(err, store.WriteError):  # a full disk is not a network error
-            return str(err)
-        return (f"the FineWeb download into {args.data} failed ({err.__cause__ or err}); to "
-                f"train on local text instead, pass the text files as --data")
+        return str(err)
 
 
 def has_shards(folder) -> bool:
@@ -335,23 +337,23 @@ def has_shards(folder) -> bool:
 
 
 def open_data(args, ctx: Dist, say):
-    """The rank's training loader, with the data checked before any step: one dataset (its
-    fingerprint goes into the run's settings), token ids < vocab_size; --eval_tokens and
-    --stat_tokens cut down to what the val split holds, saying so."""
+    """The rank's training loader (--data_order, seeded by --seed and the rank) on the data
+    prepare_data checked; every rank reads only headers and the manifest here, for the
+    dataset's fingerprint (recorded hashes, not new ones: --resume compares it) and the val
+    split's length: --eval_tokens and --stat_tokens are cut down to what it holds, saying so."""
     try:
-        args.data_fingerprint = store.check_dataset(args.data)  # --resume compares it
+        args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
-                                  ctx.world_size, split="train")
-        loader.check_vocab(args.vocab_size)
-        val = data.ShardLoader(args.data, 1, 1, split="val")
-        val.check_vocab(args.vocab_size)
+                                  ctx.world_size, "train", args.data_order, args.seed)
+        val = [data.shard_length(path) for path in data.shard_paths(args.data, "val")]
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
     step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
-    held = sum((n - 1) // step for n in val.lengths) * step  # as data.val_batches counts them
+    held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
     if held == 0:
-        fail(f"the val split of {args.data} holds fewer than the {step + 1} tokens of one "
-             f"evaluation step (processes · --micro_batch · --seq_len + 1)")
+        fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
+             f"evaluation step ({ctx.world_size} processes × --micro_batch {args.micro_batch} × "
+             f"--seq_len {args.seq_len} + 1)")
     for name in ("eval_tokens", "stat_tokens"):
         if getattr(args, name) > held:
             say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "

@@ -1,17 +1,14 @@
 """A dataset as a unit: checked whole, written whole; and the project's atomic writes.
 
-A dataset is a folder of data.py shards (`*train*.bin`, `*val*.bin`) plus `manifest.json`,
-which names every file of the dataset with its size and sha256 and is written last, so a
-reader can tell a complete dataset from a mixed or half-written one (`check_dataset`). A new
-dataset is written beside the old one and swapped in (`write_dataset`), so a reader never
-sees half of one. Every file of the project that must not be left half-written (manifests,
-checkpoints, logs, results) goes through `write_atomic` / `open_atomic`, which live here
-because datasets needed them first (`python store.py --help`):
+A dataset is a folder of data.py shards plus `manifest.json`, written last, which records
+every file's size and sha256 (and each shard's largest token id), so a reader tells a whole
+dataset from a mixed or half-written one (`check_dataset`); a new one is written beside the
+old and swapped in (`write_dataset`). Every file of the project that must never be half
+written goes through `write_atomic` / `open_atomic`; every command line's number types
+(positive_int, …) are defined here once (`python store.py --help`):
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
-
-The argparse number types of every command line (positive_int, …) are defined here once.
 """
 import argparse
 import contextlib
@@ -27,6 +24,8 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
+
 import data
 
 MANIFEST = "manifest.json"            # the dataset's file list; written last
@@ -35,29 +34,15 @@ HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on e
 
 
 # ----------------------------------------------------------------------------- checking
-def check_dataset(folder, full_hash=False):
-    """Verify the folder as one dataset with train and val shards and return its fingerprint.
+def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
+    """Verify the folder as one dataset and return its fingerprint; ValueError (no shards:
+    FileNotFoundError) in one sentence otherwise.
 
-    Every shard's header must agree with its length, and the folder must match its manifest
-    (verify_folder). Sizes are always checked; hashes when full_hash is set or the dataset
-    is at most HASH_ALWAYS_BYTES: hashing FineWeb's 200 MB shards at every start would take
-    minutes, so large datasets are hashed on request (`python store.py check DIR`). The
-    fingerprint is the sha256 of the files' names, sizes and hashes (sizes only for a folder
-    without a manifest): the same for the same content wherever it lives, different when any
-    file differs or a shard is added, so --resume can compare datasets, not paths."""
-    files = verify_folder(folder, math.inf if full_hash else HASH_ALWAYS_BYTES)
-    listing = json.dumps(sorted((name, size, digest) for name, (size, digest) in files.items()))
-    return hashlib.sha256(listing.encode()).hexdigest()
-
-
-def verify_folder(folder, hash_bytes=0):
-    """The folder's files {name: (bytes, sha256 or None)}, after checking it is one dataset.
-
-    No INCOMPLETE marker; train and val shards, each with a valid header. With a manifest:
-    every shard in the folder is named in it, and every file it names is there with its size
-    and, when the whole dataset is at most hash_bytes, its sha256. Without a manifest (shards
-    written by another tool) only the sizes are known. ValueError (FileNotFoundError when
-    shards are missing) with one sentence otherwise."""
+    No INCOMPLETE marker; every shard's header fits its length; with a manifest, every shard
+    is in it and every file it names is there with its size, and its sha256 when the dataset
+    is ≤ hash_bytes (hashing FineWeb at every start takes minutes: `store.py check` hashes
+    all). The fingerprint hashes the names, sizes and recorded sha256s (sizes alone without a
+    manifest), so --resume compares content, not paths, whether or not it was hashed now."""
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
         raise ValueError(f"{folder} was left half-written by an interrupted prepare.py (it still "
@@ -66,14 +51,19 @@ def verify_folder(folder, hash_bytes=0):
     for path in shards:
         data.shard_length(path)
     manifest = read_manifest(folder)
-    if manifest is None:
-        return {p.name: (p.stat().st_size, None) for p in shards}
-    files = manifest["files"]
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": None} for p in shards}
+    if manifest is not None:
+        files = manifest["files"]
+        _refuse_mixed(folder, shards, files, sum(e["bytes"] for e in files.values()) <= hash_bytes)
+    listing = sorted((name, e["bytes"], e["sha256"]) for name, e in files.items())
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+def _refuse_mixed(folder, shards, files, hash_all):
     for path in shards:
         if path.name not in files:
             raise ValueError(f"{path} is not named in {folder / MANIFEST}, so the folder mixes "
                              f"datasets; remove it or prepare the data again")
-    hash_all = sum(entry["bytes"] for entry in files.values()) <= hash_bytes
     for name, entry in files.items():
         path = folder / name
         size = path.stat().st_size if path.is_file() else None
@@ -81,14 +71,25 @@ def verify_folder(folder, hash_bytes=0):
             found = "is missing" if size is None else f"has {size} bytes"
             raise ValueError(f"{path} {found}, but the manifest records {entry['bytes']} bytes, "
                              f"so the folder mixes datasets; prepare the data again")
-        if hash_all and sha256_file(path) != entry["sha256"]:
+        if hash_all and file_entry(path)["sha256"] != entry["sha256"]:
             raise ValueError(f"{path} differs from the file the manifest records (sha256 "
                              f"mismatch), so the folder mixes datasets; prepare the data again")
-    return {name: (entry["bytes"], entry["sha256"]) for name, entry in files.items()}
+
+
+def check_vocab(folder, vocab_size):
+    """ValueError if a shard of the dataset holds a token id ≥ vocab_size. Each shard's
+    largest id is its manifest's record (prepare.py and `check` write it), else read whole."""
+    files = (read_manifest(folder) or {"files": {}})["files"]
+    for path in shard_files(folder):
+        top = files.get(path.name, {}).get("max_token")
+        top = data.max_token(path) if top is None else top
+        if top >= vocab_size:
+            raise ValueError(f"{path} holds token id {top}, outside the model's vocabulary "
+                             f"of {vocab_size}; raise --vocab_size or use data made for it")
 
 
 def read_manifest(folder):
-    """The folder's manifest {"files": {name: {"bytes", "sha256"}}, "source": …}, or None."""
+    """The folder's manifest {"files": {name: {"bytes", "sha256", …}}, "source": …}, or None."""
     path = Path(folder) / MANIFEST
     if not path.exists():
         return None
@@ -104,33 +105,37 @@ def read_manifest(folder):
 
 
 def write_manifest(folder, source, names=None, known=None):
-    """Record the files `names` of the dataset in folder (default: its shards, and the files
-    the old manifest names that are still there) with their sizes and hashes.
-
-    Files of the old manifest whose size still matches, and `known` ones ({name: entry}),
-    are not hashed again, so recording one more FineWeb shard costs one hash."""
+    """Record the files `names` (default: the shards, and what the old manifest names that is
+    still there) with their entries; complete old ones of the same size, and `known` ones
+    ({name: entry}), are not read again, so one more FineWeb shard costs one read."""
     folder = Path(folder)
     old = (read_manifest(folder) or {}).get("files", {})
     if names is None:
         names = {p.name for p in shard_files(folder)} | {n for n in old if (folder / n).is_file()}
-    entries = {n: e for n, e in old.items()
-               if (folder / n).is_file() and (folder / n).stat().st_size == e["bytes"]}
+    entries = {n: e for n, e in old.items() if (folder / n).is_file() and
+               (folder / n).stat().st_size == e["bytes"] and _complete(n, e)}
     entries.update(known or {})
     files = {name: entries.get(name) or file_entry(folder / name) for name in sorted(names)}
     write_atomic(folder / MANIFEST, json.dumps({"files": files, "source": source}, indent=1))
 
 
-def file_entry(path):
-    """A manifest entry: the file's size and sha256."""
-    return {"bytes": Path(path).stat().st_size, "sha256": sha256_file(path)}
+def _complete(name, entry):
+    return "max_token" in entry or not name.endswith(".bin")
 
 
-def sha256_file(path):
-    digest = hashlib.sha256()
+def file_entry(path, shard=None):
+    """A manifest entry from one read of the file: its size, its sha256 and, for a shard (by
+    default a `.bin`), its largest token id, which the vocabulary check then need not read."""
+    digest, top, size = hashlib.sha256(), -1, 0
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
+        while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
             digest.update(block)
-    return digest.hexdigest()
+            tokens = block[max(0, data.HEADER_BYTES - size):]
+            if tokens:
+                top = max(top, int(np.frombuffer(tokens[:len(tokens) // 2 * 2], "<u2").max()))
+            size += len(block)
+    entry = {"bytes": size, "sha256": digest.hexdigest()}
+    return {**entry, "max_token": top} if shard or str(path).endswith(".bin") else entry
 
 
 def shard_files(folder):
@@ -161,11 +166,10 @@ def write_atomic(path, content):
 def open_atomic(path):
     """A binary file that becomes `path` only when the block ends without an error.
 
-    It is written under a unique temporary name in the same folder (so concurrent writers
-    never share one), fsynced, renamed over `path`, and the folder fsynced: after a crash
-    `path` holds either the old or the new content. On any error the temporary file is
-    removed; an OSError while writing becomes a WriteError (DiskFullError when the disk is
-    full) with one sentence, also when a library such as torch.save wraps it in its own."""
+    It is written under a unique temporary name in the same folder, fsynced, renamed over
+    `path`, and the folder fsynced: after a crash `path` holds the old or the new content.
+    On any error the temporary file is removed; an OSError while writing becomes a one-sentence
+    WriteError (DiskFullError), also when a library such as torch.save wraps it in its own."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -185,14 +189,14 @@ def open_atomic(path):
 
 
 class WatchedFile(io.FileIO):
-    """A file that writes all of every buffer and remembers the OSError of a failed write
-    (so it can be told apart from other errors, and from a library's wrapping of it)."""
+    """A file that writes all of every buffer (os.write may write a part) and remembers the
+    OSError of a failed write or fsync, to tell it from a library's wrapping of it."""
     error = None
 
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0
         try:
-            while done < len(view):                # os.write may write only a part
+            while done < len(view):
                 done += os.write(self.fileno(), view[done:])
         except OSError as err:
             self.error = err
@@ -253,17 +257,13 @@ def make_folder(path):
 # ----------------------------------------------------------------------------- writing a dataset
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards of ≤ SHARD_TOKENS each,
-    plus `extras` {name: bytes}, as one unit with its manifest. Returns the shard paths.
+    plus `extras` {name: bytes}, as one unit with its manifest; returns the shard paths.
 
-    Everything is first written complete into a staging folder. An empty out_dir is then
-    replaced by it in one rename. An existing dataset is replaced under an INCOMPLETE marker:
-    the marker is written, the new files are renamed over the old ones (stale ones removed),
-    the manifest is written, the marker removed. A failure before that leaves the old
-    dataset untouched; a kill during it leaves the marker, which every reader refuses.
-    Shards of another source in out_dir are refused: the loader would mix them in. With
-    replace=False an existing dataset is never touched: FileExistsError instead.
-    One writer at a time holds out_dir (an flock on the folder): a second writer is
-    refused in one sentence, or with replace=False waits and then finds the dataset there."""
+    All is written into a staging folder that then replaces an empty out_dir in one rename,
+    or an existing dataset under an INCOMPLETE marker (_swap_in). Another source's shards in
+    out_dir are refused; replace=False keeps an existing dataset (FileExistsError). One
+    writer holds out_dir at a time (an flock): a second is refused, or with replace=False
+    waits and then finds the dataset there."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         fresh = not any(out_dir.iterdir())
@@ -276,7 +276,7 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
             names = _write_files(staging, prefix, splits, extras or {})
             write_manifest(staging, source, names)
             if fresh:
-                _rename_folder(staging, out_dir)
+                _rename_fresh(staging, out_dir)
             else:
                 _swap_in(staging, out_dir, names, prefix)
         except BaseException:
@@ -330,32 +330,26 @@ def refuse_foreign_shards(out_dir, prefix):
 
 
 def _staging_folder(parent, name):
-    """A new, uniquely named folder `.{name}.{pid}.{random}.staging` in parent; staging
-    folders there of processes that no longer run (killed writers) are removed first."""
+    """A new folder `.{name}.{pid}.{random}.staging` in parent, after removing those of
+    processes that no longer run (killed writers; signal 0 only asks whether one exists)."""
     make_folder(parent)
     for old in parent.glob(f".{name}.*.staging"):
         pid = old.name.rsplit(".", 3)[-3]
-        if pid.isdigit() and not _running(int(pid)):
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
             shutil.rmtree(old, ignore_errors=True)
+        except PermissionError:                # it runs, as another user
+            pass
     return make_folder(parent / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staging")
 
 
-def _running(pid):
-    try:
-        os.kill(pid, 0)                        # signal 0 only asks whether it exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:                    # it exists, run by another user
-        pass
-    return True
-
-
-def _rename_folder(staging, out_dir):
-    """Rename the complete staging folder to out_dir; FileExistsError if out_dir was
-    filled meanwhile (another writer of the same dataset finished first)."""
+def _rename_fresh(staging, out_dir):
     try:
         os.rename(staging, out_dir)
-    except OSError as err:
+    except OSError as err:                     # another writer of the same dataset was first
         if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise FileExistsError(f"{out_dir} was written by another process meanwhile; "
                                   f"run the command again") from None
@@ -364,6 +358,8 @@ def _rename_folder(staging, out_dir):
 
 
 def _swap_in(staging, out_dir, names, prefix):
+    """Marker written, new files renamed over the old (stale ones removed), manifest, marker
+    removed: a failure before this leaves the old dataset whole, a kill during it the marker."""
     write_atomic(out_dir / INCOMPLETE, "prepare.py is replacing this dataset; if this file "
                                        "stays, the replacement was interrupted: run it again\n")
     (out_dir / MANIFEST).unlink(missing_ok=True)
@@ -418,31 +414,34 @@ def parse_args(argv=None):
     b.add_argument("--batch_size", type=positive_int, default=64)
     b.add_argument("--seq_len", type=positive_int, default=1024)
     b.add_argument("--steps", type=positive_int, default=200)
+    b.add_argument("--data_order", choices=data.ORDERS, default="sequential")
     return p.parse_args(argv)
 
 
 def check_command(folder):
-    """`store.py check`: verify the folder (every shard's header and length, or against its
-    manifest), record it if it has no manifest, then verify every hash."""
+    """`store.py check`: verify the folder and every hash; write its manifest if it has none,
+    and each shard's largest token id where the manifest lacks it (an older prepare.py's)."""
     if not Path(folder).is_dir():
         raise FileNotFoundError(f"{folder} is not a folder; give a dataset folder")
-    if read_manifest(folder) is None:
-        check_dataset(folder)                   # nothing is recorded that a reader refuses
-        write_manifest(folder, {"kind": "recorded by store.py check"})
-        print(f"{folder}: had no manifest; wrote {Path(folder) / MANIFEST}")
-    print(f"{folder}: ok, fingerprint {check_dataset(folder, full_hash=True)}")
+    manifest = read_manifest(folder)
+    check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
+    if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
+        write_manifest(folder, manifest["source"] if manifest else {"kind": "store.py check"})
+        done = "had no manifest" if manifest is None else "recorded its shards' largest token ids"
+        print(f"{folder}: {done}; wrote {Path(folder) / MANIFEST}")
+    print(f"{folder}: ok, fingerprint {check_dataset(folder, hash_bytes=0)}")
 
 
-def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, split="train"):
+def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, order="sequential"):
     """Tokens per second data.ShardLoader delivers (memory map → int64 tensors)."""
-    loader = data.ShardLoader(data_dir, batch_size, seq_len, split=split)
+    loader = data.ShardLoader(data_dir, batch_size, seq_len, order=order)
     loader.next_batch()                        # touch the first shard
     t0 = time.perf_counter()
     for _ in range(steps):
         loader.next_batch()
     rate = steps * batch_size * seq_len / (time.perf_counter() - t0)
-    print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} "
-          f"from {data_dir} {split})")
+    print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} from "
+          f"{data_dir} train, {order} order)")
     return rate
 
 
@@ -452,7 +451,7 @@ def main(argv=None):
         if args.command == "check":
             check_command(args.folder)
         else:
-            bench_loader(args.data, args.batch_size, args.seq_len, args.steps)
+            bench_loader(args.data, args.batch_size, args.seq_len, args.steps, args.data_order)
     except (ValueError, RuntimeError, OSError) as err:  # user-caused: one sentence, no traceback
         raise SystemExit(f"store.py {args.command}: error: {err}") from None
 

@@ -102,9 +102,15 @@ def test_check_of_an_empty_folder_fails_and_leaves_it_empty(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_missing_data_names_the_command(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no train shards .*python prepare.py fineweb"):
-        data.ShardLoader(tmp_path / "nowhere", 2, 8)
+def test_missing_data_names_the_command(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"no train shards \(\*train\*.bin\) in .*; "
+                                                r"prepare them with `python prepare.py fineweb"):
+        data.ShardLoader(tmp_path, 2, 8)
+    monkeypatch.chdir(tmp_path)                             # a typo, or another current folder
+    with pytest.raises(FileNotFoundError) as missing:
+        data.ShardLoader("tests/assets/paradise.txt", 2, 8)
+    assert str(missing.value) == (f"no train shards: tests/assets/paradise.txt does not exist (a "
+                                  f"relative path starts in {tmp_path}); check the path")
     with pytest.raises(SystemExit, match="python prepare.py text FILES"):
         store.main(["bench", "--data", str(tmp_path)])
 
@@ -130,6 +136,32 @@ def test_missing_vocabulary_says_how_to_seed_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
     with pytest.raises(RuntimeError, match="ConnectionError.*set TIKTOKEN_CACHE_DIR"):
         prepare.gpt2_encoding()
+
+
+OFFLINE_SAMPLE = """
+import sys
+import tiktoken.load
+def offline(url):
+    print("download attempted")
+    raise ConnectionError("no network")
+tiktoken.load.read_file = offline
+import prepare
+prepare.GPT2_CACHE = prepare.Path(sys.argv[1])
+prepare.gpt2_encoding()
+print(prepare.gpt2_encoding().encode_ordinary("Hello world"))
+"""
+
+
+def test_offline_the_download_is_tried_and_said_once_not_at_every_command(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp_path)                           # tiktoken's own default cache: empty
+    outputs = [subprocess.run([sys.executable, "-c", OFFLINE_SAMPLE, str(tmp_path / "cache")],
+                              cwd=ROOT, env=env, capture_output=True, text=True).stdout
+               for _ in range(2)]                           # e.g. sample.py, twice
+    first, again = (out.splitlines() for out in outputs)
+    assert first[0] == "download attempted" and first[-2].startswith(
+        "the GPT-2 vocabulary could not be downloaded (ConnectionError)")
+    assert first[-1] == again[0] == "[15496, 995]" and len(again) == 1
 
 
 def test_text_pieces_tokenize_exactly_like_the_whole_text():
@@ -234,8 +266,55 @@ def test_resume_continues_with_the_exact_next_batch(tmp_path):
 
 def test_shard_shorter_than_one_step_is_refused(tmp_path):
     make_shards(tmp_path, "train", [100])
-    with pytest.raises(ValueError, match="holds 100 tokens, fewer than the 129"):
+    with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 129 one step reads "
+                                         r"\(2 ranks × 4 sequences × 16 tokens \+ 1\)"):
         data.ShardLoader(tmp_path, 4, 16, world_size=2)
+    assert 2 * 4 * 16 + 1 == 129                            # the sentence's formula, its number
+    with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 101 one sequence "
+                                         r"reads \(100 tokens \+ 1\)"):
+        data.ShardLoader(tmp_path, 4, 100, order="random")
+
+
+def random_batches(folder, n, **kw):
+    loader = data.ShardLoader(folder, 3, 8, order="random", **kw)
+    return [loader.next_batch() for _ in range(n)]
+
+
+def test_random_order_draws_windows_of_a_random_shard_by_seed_and_rank(tmp_path):
+    make_shards(tmp_path, "train", [3000, 1000])            # tokens = stream positions
+    batches = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
+    shards = []
+    for x, y in batches:
+        assert torch.equal(y, x + 1) and torch.equal(x[:, 1:], x[:, :-1] + 1)  # whole windows
+        first = x[:, 0]
+        assert ((first < 3000 - 8) | (first >= 3000)).all()  # none crosses a shard's end
+        assert len(set((first >= 3000).tolist())) == 1       # one shard a batch
+        shards.append(int(first[0] >= 3000))
+    share = sum(shards) / len(shards)                       # ∝ window starts: 992 / 3984
+    assert abs(share - 992 / 3984) < 4 * (0.25 * 0.75 / 400) ** 0.5
+    same = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, same))
+    for other in (dict(seed=6, rank=1, world_size=2), dict(seed=5, rank=0, world_size=2)):
+        assert not torch.equal(random_batches(tmp_path, 1, **other)[0][0], batches[0][0])
+
+
+def test_random_order_resumes_bit_for_bit(tmp_path):
+    make_shards(tmp_path, "train", [500, 300])
+    uninterrupted = random_batches(tmp_path, 30, seed=2, rank=1, world_size=2)
+    killed = data.ShardLoader(tmp_path, 3, 8, rank=1, world_size=2, order="random", seed=2)
+    for _ in range(11):
+        killed.next_batch()
+    state = killed.state_dict()
+    assert state == {"batches": 11}
+    resumed = data.ShardLoader(tmp_path, 3, 8, rank=1, world_size=2, order="random", seed=2)
+    resumed.load_state_dict(state)
+    for x, y in uninterrupted[11:]:
+        rx, ry = resumed.next_batch()
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+    with pytest.raises(ValueError, match="written for the other data order, not sequential"):
+        data.ShardLoader(tmp_path, 3, 8).load_state_dict(state)
+    with pytest.raises(ValueError, match="written for the other data order, not random"):
+        resumed.load_state_dict({"shard": 0, "position": 0, "epoch": 0})
 
 
 def test_val_batches_are_deterministic_and_split_across_ranks(tmp_path):
@@ -255,12 +334,37 @@ def test_val_batches_are_deterministic_and_split_across_ranks(tmp_path):
         data.val_batches(tmp_path, 99999, B, T)
 
 
-def test_check_vocab(tmp_path):
+def test_check_vocab_reads_shards_only_where_the_manifest_does_not_record_their_largest_id(
+        tmp_path, monkeypatch):
     make_shards(tmp_path, "train", [50, 100])
-    loader = data.ShardLoader(tmp_path, 1, 8)
-    loader.check_vocab(150)
-    with pytest.raises(ValueError, match="token id 149, outside the model's vocabulary of 149"):
-        loader.check_vocab(149)
+    make_shards(tmp_path, "val", [20], start=500)
+    store.check_vocab(tmp_path, 520)                         # no manifest: every shard is read
+    with pytest.raises(ValueError, match="t_val_000000.bin holds token id 519, outside the "
+                                         "model's vocabulary of 519"):
+        store.check_vocab(tmp_path, 519)
+    store.main(["check", str(tmp_path)])                     # records them
+    assert [e["max_token"] for e in store.read_manifest(tmp_path)["files"].values()] == \
+        [49, 149, 519]
+    monkeypatch.setattr(data, "read_shard", None)            # a read would fail now
+    store.check_vocab(tmp_path, 520)
+    with pytest.raises(ValueError, match="t_train_000001.bin holds token id 149"):
+        store.check_vocab(tmp_path, 149)
+
+
+def test_check_records_the_largest_ids_an_older_manifest_lacks(tmp_path, capsys):
+    make_shards(tmp_path, "train", [50])
+    make_shards(tmp_path, "val", [20])
+    store.write_manifest(tmp_path, {"kind": "test"})
+    old = store.read_manifest(tmp_path)
+    for entry in old["files"].values():
+        del entry["max_token"]                               # as an older prepare.py wrote it
+    store.write_atomic(tmp_path / "manifest.json", json.dumps(old))
+    fingerprint = store.check_dataset(tmp_path)
+    store.main(["check", str(tmp_path)])
+    assert "recorded its shards' largest token ids" in capsys.readouterr().out
+    new = store.read_manifest(tmp_path)
+    assert [e["max_token"] for e in new["files"].values()] == [49, 19]
+    assert new["source"] == {"kind": "test"} and store.check_dataset(tmp_path) == fingerprint
 
 
 # ----------------------------------------------------------------------------- synthetic
@@ -421,7 +525,8 @@ def test_download_resumes_a_transfer_that_breaks_off(server, tmp_path, capsys):
     for p in source.iterdir():
         assert (out / p.name).read_bytes() == p.read_bytes()
         assert recorded[p.name] == {"bytes": p.stat().st_size,
-                                    "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                                    "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+                                    "max_token": int(data.read_shard(p).max())}
     half = (len(ShardServer.files["fineweb_train_000001.bin"])) // 2
     assert ShardServer.ranges == [None, None, f"bytes={half}-"]
     assert "MB/s" in capsys.readouterr().out
@@ -669,9 +774,9 @@ def test_a_mixed_folder_is_refused_in_one_sentence(tmp_path):
     (a / "text_val_000000.bin").write_bytes((b / "text_val_000000.bin").read_bytes())
     with pytest.raises(ValueError, match=r"text_val_000000.bin has \d+ bytes, but the manifest "
                                          r"records \d+ bytes"):
-        store.verify_folder(a)
+        store.check_dataset(a, hash_bytes=0)
     (a / "text_val_000000.bin").write_bytes(tamper(val))    # same size, another content
-    store.verify_folder(a)                                  # sizes only unless asked
+    store.check_dataset(a, hash_bytes=0)                    # sizes only unless asked
     with pytest.raises(ValueError, match="sha256 mismatch"):
         store.check_dataset(a)
     (a / "text_val_000000.bin").write_bytes(val)
@@ -782,3 +887,24 @@ def test_two_runs_caching_the_same_text_at_once_share_one_folder(tmp_path, monke
     folder = prepare.text_dataset([text], cache_root=tmp_path / "cache", workers=1)
     assert len(calls) == 2 and [p.name for p in (tmp_path / "cache").iterdir()] == [folder.name]
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == theirs  # used, not replaced
+
+
+# ----------------------------------------------------------------------------- through train.py
+def test_a_run_in_random_order_resumes_bit_for_bit(tmp_path):
+    import train                                             # the data order as train.py uses it
+    prepare.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=tmp_path / "d",
+                              seq_len=32)
+
+    def run(out, *extra):
+        return train.main(["--size", "tiny", "--device", "cpu", "--vocab_size", "64", "--data",
+                           str(tmp_path / "d"), "--out_dir", str(tmp_path / out), "--steps", "6",
+                           "--warmup", "1", "--seq_len", "32", "--batch_size", "4",
+                           "--micro_batch", "2", "--eval_tokens", "256", "--stat_tokens", "64",
+                           "--save_every", "2", "--data_order", "random", *extra])
+    whole = run("whole")
+    run("cut", "--stop_at", "3")                            # killed after step 3, saved at 2
+    resumed = run("cut", "--resume")
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), name
+    in_order = run("sequential", "--data_order", "sequential")  # same seed, same initial weights
+    assert not torch.equal(whole.wte.weight, in_order.wte.weight)
