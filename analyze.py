@@ -6,11 +6,9 @@
     python analyze.py logits --run out --dtype bfloat16 # logit statistics, ‖μ‖, B_ratio, Fig. 1
     python analyze.py bottleneck --run out              # the loss gradient the head lets through
 
-A run folder is train.py's: config.json, ckpt.pt and, with --keep_every, snapshots ckpt_step*.pt
-for curves over training; --init SIZE measures a fresh model (random tokens unless --data). Each
-subcommand prints a table; --json writes its numbers, --plot a figure. Measurements are float64;
-the model runs in float32 (logits: in --dtype, as train.py). Notation as in heads.py: W (V×D)
-with rows eᵢ and mean μ, h a final hidden state, lᵢ = eᵢ·h; after μ-centering e*ᵢ, l*ᵢ.
+--run: a train.py folder (ckpt_step*.pt from --keep_every give curves); --init SIZE: a fresh
+model (random tokens unless --data). Measurements are float64; the model runs in float32 (logits:
+in --dtype). Notation as in heads.py: W (V×D), rows eᵢ, mean μ, hidden state h, lᵢ = eᵢ·h.
 """
 import argparse
 import io
@@ -49,8 +47,8 @@ MEANING = dict(
     eq35_global_holds="Eq. 35 over all tokens: max|l*| / max|l|",
     logit_mean="mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)", logit_std="spread σ_l of the logits",
     logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
-    mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)", h_mu_cos="cos(h̄, μ)",
-    h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)",
+    mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
+    h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)", h_mu_cos="cos(h̄, μ)",
     mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ", B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)",
     B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)", B_ratio="Eq. 13 (Theorem 4: theorem4.py's verdict)",
     prec_ce_gap="loss with the head's matmul in --dtype minus the float64 loss",
@@ -58,8 +56,8 @@ MEANING = dict(
     prec_err_round="logit error from rounding the matmul's result to --dtype, over σ_l",
     offset="the mean logit L that one common shift of all rows moves the logits to",
     spacing_over_sigma="gap between neighbouring bf16 numbers at L, over σ_l",
-    step="training step of the checkpoint", suppressed_norm="1 − retained_norm",
     retained_norm="‖Pg‖/‖g‖: share of a token's gradient norm that reaches h",
+    suppressed_norm="1 − retained_norm",
     retained_energy="‖Pg‖²/‖g‖²", isotropic_energy="r/V: retained_energy for a random col(W)",
     pooled_energy="share of ‖G‖² the best update ΔH·Wᵀ (W frozen) can follow",
     rankD_energy="share of ‖G‖² the best rank-D update can follow",
@@ -67,8 +65,6 @@ MEANING = dict(
     rank2D_cosine="√rank2D_energy: the best cosine of a step's ΔZ with −G",
     sgd_cosine="cosine of a plain gradient step's ΔZ with −G")
 
-
-# ── the paper's identities and the gradient bottleneck (pure, float64) ─────────────────────────
 
 def theorem4_bounds(W: torch.Tensor) -> dict:
     """‖μ‖, ‖μ‖², the tight bounds B₋, B₊ of Eq. 12 and B_ratio (Eq. 13), from measure.py."""
@@ -161,8 +157,6 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     return out
 
 
-# ── models, checkpoints, tokens ───────────────────────────────────────────────────────────────
-
 def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
     """(model in eval mode on device, its config, its step); a file that is no checkpoint
     (model.load_checkpoint) or weights that do not fit its config: ValueError, one sentence."""
@@ -245,8 +239,6 @@ def output_weight64(gpt: model.GPT) -> torch.Tensor:
     return gpt.output_weight.detach().double()
 
 
-# ── subcommands ───────────────────────────────────────────────────────────────────────────────
-
 def verify_table(r: dict) -> list[tuple]:
     """(statement, value, holds) rows in MEANING's order; an identity holds at float64
     round-off of the logits."""
@@ -321,10 +313,9 @@ def precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, dty
 
 
 def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[dict]:
-    """The finite-precision channel alone: every row shifted by one vector (mean_logit_shift)
-    so that the mean logit becomes L. Exactly, nothing changes (each logit of a token moves by
-    the same c·h, and softmax is shift-invariant: the baseline's drifting μ does this, and
-    μ-centering undoes it); in `dtype` the rounding of eᵢ + c and of logits near L does."""
+    """The finite-precision channel alone: all rows shifted by one vector c (mean_logit_shift)
+    to a mean logit L. Exactly, nothing changes (every logit of a token moves by c·h: softmax
+    cannot see it, as with the baseline's drifting μ); in `dtype` the rounding does."""
     sigma = torch.cat([(h.double() @ W.double().T).std(dim=1, correction=0)
                        for h in H.split(chunk)]).mean().item()
     return [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma,
@@ -333,11 +324,8 @@ def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[di
 
 
 def run_logits(args) -> dict:
-    """The paper's logit statistics (Sec. 3) over N tokens, ‖μ‖, h̄·μ̂ and cos(h̄, μ) as train.py
-    logs them, B_ratio, Fig. 1 (right), and what the head's matmul in --dtype loses.
-
-    The model runs in --dtype as train.py runs it; the statistics are float64 from its hidden
-    states; the precision ones compare the head's matmul in --dtype with float64."""
+    """The paper's logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), and what the
+    head's matmul in --dtype loses against float64, as train.py logs them."""
     (gpt, cfg, step), = models(args)
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
@@ -350,9 +338,7 @@ def run_logits(args) -> dict:
                   **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
                   **precision(gpt.head, H, weight, targets, dtype, args.chunk),
                   **theorem4_bounds(W))
-    names = (*measure.LOGIT_STATS, "mu_norm", "h_mu_proj", "h_mu_cos", "mu_sq", "B_minus",
-             "B_plus", "B_ratio", *measure.PRECISION_STATS)
-    print_table([(name, result[name], MEANING[name]) for name in names],
+    print_table([(key, result[key], MEANING[key]) for key in MEANING if key in result],
                 ("quantity", "value", "meaning"),
                 f"logits: {describe(args, cfg, step)}; per-token figures averaged over {len(H)} "
                 f"tokens; --dtype {args.dtype}")
@@ -383,8 +369,7 @@ def run_bottleneck(args) -> dict:
         if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
             G *= 1 - (capped / gpt.head.cap) ** 2
         rows.append(dict(step=step, **bottleneck(G, W, H)))
-    columns = ("step", "retained_norm", "suppressed_norm", "retained_energy", "isotropic_energy",
-               "pooled_energy", "rankD_energy", "rank2D_energy", "rank2D_cosine", "sgd_cosine")
+    columns = ["step", *(key for key in MEANING if key in rows[0])]
     trivial = trivially_one(n_tokens, V, D)
     note = f"; trivially 1 as N ≤ {'D' if len(trivial) == 3 else '2D'}: {', '.join(trivial)}" \
         if trivial else ""
@@ -396,8 +381,6 @@ def run_bottleneck(args) -> dict:
                            "isotropic_energy"), "share of the loss gradient", args.plot)
     return dict(run=args.run, init=args.init, tokens=n_tokens, trivially_one=trivial, steps=rows)
 
-
-# ── output: tables, files, figures ────────────────────────────────────────────────────────────
 
 def describe(args, cfg: dict, step: int) -> str:
     source = args.run if args.run else f"fresh {args.init}"
@@ -415,7 +398,7 @@ def print_table(rows, columns, title: str, legend: bool = False) -> None:
     print(title)
     for line in [list(columns)] + cells:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
-    for column in columns if legend else ():
+    for column in [c for c in columns if c in MEANING] if legend else ():
         print(f"  {column}: {MEANING[column]}")
 
 
@@ -474,8 +457,6 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
         ax.legend(fontsize="small")
     save_figure(fig, path)
 
-
-# ── CLI ───────────────────────────────────────────────────────────────────────────────────────
 
 def offset(text: str) -> float:
     """A mean logit L of --offsets: a finite number with |L| ≤ OFFSET_LIMIT."""
@@ -550,8 +531,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                     parents=[measurement, model_source(name != "verify")])
                for name, run in COMMANDS.items()}
     add = command["verify"].add_argument
-    add("--exhaustive", action="store_true",
-        help="search every V = 3, D = 2 integer matrix for counterexamples")
+    add("--exhaustive", action="store_true", help="search small integer W for counterexamples")
     add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES,
         help="with --exhaustive: W's entries in {-K, ..., K}")
     add("--h_entries", type=positive_int, default=theorem4.SEARCH_H_ENTRIES,
@@ -561,11 +541,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
     add = command["logits"].add_argument
     add("--bins", type=positive_int, default=DEFAULTS["bins"], help="histogram bins of eᵢ·μ")
-    add("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"],
-        help="the model's matmul dtype, as train.py --dtype")
-    add("--offsets", type=offset, nargs="+", metavar="L",
-        help="also shift every output row by one common vector so that the mean logit is L, and "
-             "report what --dtype then loses (e.g. 0 100 1000)")
+    add("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"], help="as train.py's")
+    add("--offsets", type=offset, nargs="+", metavar="L", help="also what --dtype loses with all "
+        "rows shifted by one vector to a mean logit L (e.g. 0 100 1000)")
     args = p.parse_args(argv)
     if args.command == "verify" and args.plot:
         p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
