@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 import heads
 
-# Tokens per chunk of the default path per device type; 0 = the plain path. CPU: 32 to 256 are
-# alike in bench.py's --loss_tokens timing (command above). CUDA: the plain path, whose softmax
+# Tokens per chunk of the default path per device type; 0 = the plain path. CPU: 64 (the bench
+# command above times it; add --chunk_size N for another). CUDA: the plain path, whose softmax
 # torch.compile fuses, until scripts/gpu_check.sh measures a chunked path faster.
 DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
