@@ -48,7 +48,8 @@ MEANING = dict(
     logit_mean="mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)", logit_std="spread σ_l of the logits",
     logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
     mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
-    h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)", h_mu_cos="cos(h̄, μ)",
+    h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)",
+    h_mu_cos="cos(h̄, μ)",
     mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ", B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)",
     B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)", B_ratio="Eq. 13 (Theorem 4: theorem4.py's verdict)",
     prec_ce_gap="loss with the head's matmul in --dtype minus the float64 loss",
@@ -158,8 +159,7 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
 
 
 def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
-    """(model in eval mode on device, its config, its step); a file that is no checkpoint
-    (model.load_checkpoint) or weights that do not fit its config: ValueError, one sentence."""
+    """(model in eval mode on device, its config, its step); a bad file: one ValueError."""
     ckpt = model.load_checkpoint(path, map_location="cpu")
     try:
         gpt = model.from_config(ckpt["config"])
@@ -240,8 +240,7 @@ def output_weight64(gpt: model.GPT) -> torch.Tensor:
 
 
 def verify_table(r: dict) -> list[tuple]:
-    """(statement, value, holds) rows in MEANING's order; an identity holds at float64
-    round-off of the logits."""
+    """(statement, value, holds) rows; an identity holds at float64 round-off of the logits."""
     tol = 1e-12 * max(1.0, r["max_abs_logit"])
     rows = {key: (r[key], r[key] <= tol) for key in ("centering_dev", "lemma1_dev", "prop3_mean",
             "prop3_std_dev", "prop3_prob_dev", "prop3_loss_dev", "eq26_dev", "eq32_dev")}
@@ -286,8 +285,7 @@ def run_verify(args) -> dict:
     result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **verify_identities(H.double(), W, W_star, targets, args.chunk))
     print_table(verify_table(result), ("statement", "value", "holds"),
-                f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64; ‖μ‖ = "
-                f"{result['mu_norm']:.4g}, B₋ = {result['B_minus']:.4g}, B₊ = {result['B_plus']:.4g}")
+                f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64")
     return result
 
 
@@ -384,7 +382,8 @@ def run_bottleneck(args) -> dict:
 
 def describe(args, cfg: dict, step: int) -> str:
     source = args.run if args.run else f"fresh {args.init}"
-    return f"{source} (size {cfg['size']}, head {cfg['head']}, tie {bool(cfg.get('tie'))}, step {step})"
+    return (f"{source} (size {cfg['size']}, head {cfg['head']}, tie {bool(cfg.get('tie'))}, "
+            f"step {step})")
 
 
 def print_table(rows, columns, title: str, legend: bool = False) -> None:
@@ -541,7 +540,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
     add = command["logits"].add_argument
     add("--bins", type=positive_int, default=DEFAULTS["bins"], help="histogram bins of eᵢ·μ")
-    add("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"], help="as train.py's")
+    add("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"],
+        help="the model's matmul dtype, as train.py --dtype")
     add("--offsets", type=offset, nargs="+", metavar="L", help="also what --dtype loses with all "
         "rows shifted by one vector to a mean logit L (e.g. 0 100 1000)")
     args = p.parse_args(argv)
