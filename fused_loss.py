@@ -1,23 +1,16 @@
 """The LM head's loss without the N × V logits: the same loss and gradients as heads.py's plain
-path, computed chunk by chunk of tokens. Imports only heads.py.
+path, chunk by chunk of tokens. Imports only heads.py.
 
-    head.loss_path = loss_path(chunk, device_type)     # train.py --loss_chunk (None: fastest)
+    head.loss_path = loss_path(chunk, device_type)     # train.py --loss_chunk (None: default)
     loss, stats = head(h, weight, targets)             # now chunked; same (loss, stats)
 
-Why it is faster, not only smaller. The plain path builds all N × V logits and autograd keeps
-them (and their softmax) until the backward pass: at V = 50304 the largest tensors of a small
-model's step, each written and re-read from main memory, and each fresh allocation of that size
-costs page faults on CPU. Because the loss is a scalar, a chunk's gradient w.r.t. its logits is
-known as soon as its softmax is; so the forward computes it right away, folds it into ∂L/∂h and
-∂L/∂W with two matmuls, and reuses one small C × V buffer for the next chunk (torch's own
-F.linear_cross_entropy, torch ≥ 2.13, works the same way; this file learned from it: matmuls
-written into preallocated buffers, every elementwise step in place, ∂L/∂W accumulated by addmm_).
-Backward then only scales the two stored gradients by the incoming one (1.0 in training).
-
-Which path runs (`chunked_loss`): baseline, μ-loss and μ-centering add nothing inside the
-softmax, so where torch has F.linear_cross_entropy (2.13 and later) and the matmul runs in
-float32/float64 they use it; soft-cap and z-loss (and every head on an older torch, or with a
-bf16 matmul, where torch's op would round the loss itself to bf16) use `_ChunkedSoftmaxLoss`.
+The plain path keeps all N × V logits (and their softmax) for the backward pass. The loss is a
+scalar, so a chunk's gradient w.r.t. its logits is known once its softmax is: the forward folds
+it into ∂L/∂h and ∂L/∂W at once and reuses one C × V buffer for the next chunk (as torch ≥ 2.13's
+F.linear_cross_entropy does). Baseline, μ-loss and μ-centering use torch's op where it exists and
+the matmul is float32/float64 (with bf16 it would round the loss itself to bf16); the rest use
+`_ChunkedSoftmaxLoss`. How the paths compare on your machine:
+    python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
 """
 import functools
 
@@ -26,21 +19,19 @@ import torch.nn.functional as F
 
 import heads
 
-# Tokens per chunk of the default path, per device type; 0 = the plain path. CPU: measured with
-# `bench.py --no_train --loss_tokens 1024` (1 thread, V = 50304): 32 to 256 tokens are within
-# noise of each other and ~1.8× faster than the plain path. CUDA: not measured yet; the plain
-# path, whose softmax torch.compile fuses, stays the default there until scripts/gpu_check.sh
-# shows a chunked path is faster.
+# Tokens per chunk of the default path per device type; 0 = the plain path. CPU: 64 (the bench
+# command above times it; add --chunk_size N for another). CUDA: the plain path, whose softmax
+# torch.compile fuses, until scripts/gpu_check.sh measures a chunked path faster.
 DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
-TORCH_OP = hasattr(F, "linear_cross_entropy")  # torch ≥ 2.13
+# torch's fused op and its options class both arrived in torch 2.13; either missing: our loop
+TORCH_OP = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
 PLAIN_CE_HEADS = ("baseline", "mu_loss", "mu_center")  # nothing but CE inside the softmax
 
 
 def loss_path(chunk_size, device_type):
-    """What train.py puts in head.loss_path for --loss_chunk: None (not given) → the fastest
-    exact path known for this device type (DEFAULT_CHUNK); 0 → None, heads.py's plain
-    reference; N → chunked_loss with N tokens per chunk."""
+    """head.loss_path for train.py --loss_chunk: None → DEFAULT_CHUNK of the device type;
+    0 → None (heads.py's plain path); N → chunked_loss with N tokens per chunk."""
     if chunk_size is None:
         chunk_size = DEFAULT_CHUNK.get(device_type, 0)
     return functools.partial(chunked_loss, chunk_size=chunk_size) if chunk_size else None
@@ -48,29 +39,34 @@ def loss_path(chunk_size, device_type):
 
 @torch.compiler.disable  # compiled, the loop is unrolled and every chunk's buffers stay alive
 def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None):
-    """head(h, weight, targets) computed chunk by chunk: same (loss, stats), same gradients.
-    It runs eagerly under torch.compile (the model's graph breaks around it): compiled, its
-    chunk loop was unrolled into the graph with all chunks' buffers alive at once, more memory
-    than the plain path (CPU inductor, N = 2048, bf16: 773 MiB against 244 MiB).
+    """head(h, weight, targets) chunk by chunk: same (loss, stats), same gradients.
 
-    Soft-capping and z-loss live inside the chunk loop; μ-loss adds λ·μ·μ afterwards, touching
-    the V × D matrix once; μ-centering changes nothing in the loss. The matmul runs in
-    head.matmul_dtype where the head has one (a float32 head under bf16), else as autocast
-    says, as on the plain path. torch_op: None uses torch's
-    op where it can (TORCH_OP); False forces this file's own loop (bench.py compares the two)."""
+    Soft-cap and z-loss live inside the chunk loop; μ-loss adds λ·μ·μ afterwards; μ-centering
+    changes nothing in the loss. The matmul runs in head.matmul_dtype where the head has one,
+    else as autocast says, as on the plain path. torch_op: None uses torch's op where it can
+    (TORCH_OP), False forces our own loop, True torch's (bench.py and the tests compare them)."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
+    if torch_op and not TORCH_OP:
+        raise ValueError("torch_op=True needs torch ≥ 2.13's F.linear_cross_entropy; pass None.")
     h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
-    matmul_dtype = head.matmul_dtype or _matmul_dtype(h, weight)
+    device = h.device.type  # the plain path's F.linear dtype: autocast's, else promotion
+    matmul_dtype = head.matmul_dtype or (torch.get_autocast_dtype(device)
+                                         if torch.is_autocast_enabled(device)
+                                         else torch.promote_types(h.dtype, weight.dtype))
     # Decided here: inside Function.forward grad mode is off and ctx.needs_input_grad is True
     # even under torch.no_grad(), so the Function would do a backward's work during evaluation.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     use_torch_op = ((TORCH_OP if torch_op is None else torch_op) and head.name in PLAIN_CE_HEADS
                     and matmul_dtype in (torch.float32, torch.float64))
-    with torch.autocast(h.device.type, enabled=False):  # the matmul dtype is chosen above
-        if use_torch_op:
-            loss = ce = _torch_chunked_ce(h.to(matmul_dtype), weight.to(matmul_dtype), targets,
-                                          chunk_size)
+    with torch.autocast(device, enabled=False):  # the matmul dtype is chosen above
+        if use_torch_op:  # allow_retain_graph: a second backward works, as on the plain path
+            options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size,
+                                                         allow_retain_graph=True)
+            total = F.linear_cross_entropy(h.to(matmul_dtype), weight.to(matmul_dtype), targets,
+                                           reduction="sum", ignore_index=heads.IGNORE,
+                                           options=options)  # its "mean" is NaN with none kept
+            loss = ce = total / (targets != heads.IGNORE).sum().clamp(min=1)
             reg = torch.zeros_like(ce)
         else:
             z_lam = head.lam if head.name == "z_loss" else 0.0
@@ -80,24 +76,6 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
         reg = head.regulariser(weight, None, None)
         loss = loss + reg
     return loss, {"ce": ce.detach(), "reg": reg.detach()}
-
-
-def _matmul_dtype(h, weight):
-    """The dtype the plain path's F.linear runs in: autocast's where it is on, else promotion."""
-    if torch.is_autocast_enabled(h.device.type):
-        return torch.get_autocast_dtype(h.device.type)
-    return torch.promote_types(h.dtype, weight.dtype)
-
-
-def _torch_chunked_ce(h, weight, targets, chunk_size):
-    """Mean CE over targets ≠ -1 by torch's F.linear_cross_entropy; 0 when none is kept (as
-    heads.token_mean; torch's own mean would be NaN there)."""
-    # allow_retain_graph: a second backward works, as on the plain path (cost not measurable)
-    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size,
-                                                 allow_retain_graph=True)
-    total = F.linear_cross_entropy(h, weight, targets, reduction="sum", ignore_index=heads.IGNORE,
-                                   options=options)
-    return total / (targets != heads.IGNORE).sum().clamp(min=1)
 
 
 class _ChunkedSoftmaxLoss(torch.autograd.Function):
@@ -117,14 +95,6 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
     and g_r = 0 for ignored tokens. With G the chunk's rows g_r stacked (C × V), H its rows h_r:
         ∂L/∂H = G·W          (a_r = W·h_r is linear in h_r)
         ∂L/∂W = Σ_chunks Gᵀ·H (accumulated in float32 across chunks)
-
-    The cap goes through the sigmoid, tanh(x) = 2σ(2x) − 1 and 1 − tanh²(x) = 4σ(2x)(1 − σ(2x)),
-    because torch's CPU tanh_ can be far slower: ~16× sigmoid_'s time on this project's machine
-    (1 thread, AVX512 kernels; results/sigmoid_vs_tanh.txt, by scripts/sigmoid_vs_tanh.py),
-    though a review on another CPU measured 0.4–0.9×: the speed is the CPU's, the loss is not.
-    In float32 this tanh is off by up to ~2·10⁻⁷ (torch.tanh: ~5·10⁻⁸), so a capped logit by
-    ~c·2·10⁻⁷; the loss stays as close to float64 as the plain path's (bench.py --loss_tokens
-    prints both).
     """
 
     @staticmethod
@@ -133,8 +103,7 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         w, h_low = weight.to(matmul_dtype), h.to(matmul_dtype)
         keep = targets != heads.IGNORE
         n = keep.sum().clamp(min=1).to(acc)  # 0 kept tokens: loss 0, as heads.token_mean
-        # g's row scale: 1/n for kept tokens, 0 for ignored ones; ×4 of the cap's 4σ(1 − σ)
-        row_scale = keep.to(acc) * ((4.0 if cap is not None else 1.0) / n)
+        row_scale = keep.to(acc) / n  # g's row scale: 1/n for kept tokens, 0 for ignored ones
         chunk = min(chunk_size, h.shape[0])
         logits = torch.empty(chunk, w.shape[0], dtype=acc, device=h.device)  # reused per chunk
         slope = torch.empty_like(logits) if cap is not None and want_grad else None
@@ -145,7 +114,7 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
             rows = slice(start, start + chunk_size)
             h_c = h_low[rows]
             buf = logits[:h_c.shape[0]]
-            _matmul(h_c, w.t(), out=buf, alpha=1.0 if cap is None else 2 / cap)  # a or 2a/c
+            _matmul(h_c, w.t(), out=buf, alpha=1.0 if cap is None else 1 / cap)  # a or a/c
             g = _chunk_loss_and_grad(buf, targets[rows], keep[rows], row_scale[rows], cap, lam,
                                      sums, want_grad, None if slope is None else slope[:len(h_c)])
             if want_grad:
@@ -178,24 +147,18 @@ def _matmul(a, b, out, accumulate=False, alpha=1.0):
 
 def _chunk_loss_and_grad(logits, targets, keep, row_scale, cap, lam, sums, want_grad, slope):
     """One chunk of _ChunkedSoftmaxLoss, in place in `logits` (C × V, float32: the raw logits a,
-    or 2a/c with a cap): adds (Σ CE_r, Σ log²Z_r) over its kept tokens to `sums` and, if
+    or a/c with a cap): adds (Σ CE_r, Σ log²Z_r) over its kept tokens to `sums` and, if
     want_grad, returns g = ∂L/∂a in the same buffer (with a cap, `slope` is a second C × V
-    buffer). Every step works in place: each extra C × V tensor costs a pass over memory, which
-    is what an LM head at large V is bound by."""
+    buffer). In place because each extra C × V tensor costs a pass over memory."""
     target_col = targets.clamp(min=0).unsqueeze(1)
-    if cap is None:
-        target_logit = logits.gather(1, target_col)
-        shift = logits.amax(dim=1, keepdim=True)  # max l, so that exp never overflows
-        logits.sub_(shift)
-    else:  # l = c·tanh(a/c) = 2c·σ(2a/c) − c, and l − max l = 2c·(σ − max σ)
-        sig = logits.sigmoid_()
+    if cap is not None:  # l = c·tanh(a/c), ∂l/∂a = 1 − tanh²(a/c)
+        capped = logits.tanh_()
         if want_grad:
-            torch.addcmul(sig, sig, sig, value=-1, out=slope)  # σ(1 − σ); the 4 is in row_scale
-        target_logit = 2 * cap * sig.gather(1, target_col) - cap
-        sig_max = sig.amax(dim=1, keepdim=True)
-        shift = 2 * cap * sig_max - cap
-        torch.add(-2 * cap * sig_max, sig, alpha=2 * cap, out=sig)
-    sum_exp = logits.exp_().sum(dim=1, keepdim=True)  # logits now hold exp(l − max l)
+            torch.mul(capped, capped, out=slope).neg_().add_(1)
+        capped.mul_(cap)
+    target_logit = logits.gather(1, target_col)
+    shift = logits.amax(dim=1, keepdim=True)  # max l, so that exp never overflows
+    sum_exp = logits.sub_(shift).exp_().sum(dim=1, keepdim=True)  # logits: exp(l − max l)
     log_z = sum_exp.log() + shift
     sums[0] += torch.where(keep, (log_z - target_logit).squeeze(1), 0.0).sum()
     sums[1] += torch.where(keep, log_z.squeeze(1).square(), 0.0).sum()

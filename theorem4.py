@@ -1,27 +1,26 @@
 """Theorem 4 of the paper (Eq. 14: B_ratio ≤ 1 ⇔ maxᵢ|l*ᵢ| ≤ maxᵢ|lᵢ|) and its proof (App. B),
-audited step by step by code that checks each step: `theorem4_audit` on the smallest
-counterexamples in exact fractions, `exhaustive_search` that finds them, and `b_ratio_scan`,
-how often random hidden states break the theorem on random anisotropic matrices.
+audited: `theorem4_audit` checks each step in exact fractions on the smallest counterexamples,
+which `exhaustive_search` finds; `b_ratio_scan` counts how often random h break the theorem.
 
     python analyze.py verify                           # the audit table
     python analyze.py verify --exhaustive --b_ratio_scan
 
 Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ, e*ᵢ = eᵢ − μ (μ-centering),
-lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h; B₋, B₊ the tight bounds of Eq. 12 and B_ratio Eq. 13 (measure.b_ratio).
+lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h = lᵢ − l̄ (Lemma 1); B₋, B₊ the tight bounds of Eq. 12, B_ratio Eq. 13.
 
-The verdict (this file is its one home; theorem4_audit has each step):
+The verdict (this docstring is its one home; theorem4_audit has each step):
   • For h ∥ μ the equivalence is exact: it restates Eq. 26, B_ratio = max|e*ᵢ·μ| / max|eᵢ·μ|.
-  • For h ⊥ μ, l* = l (l̄ = μ·h = 0): the right side holds whatever B_ratio is, so ⇒ holds
-    there and ⇐ does not (E₃, B_ratio = 4/3, h = (0, 1)).
-  • For a given h otherwise, both directions fail: ⇒ on E₂ (B_ratio = 1/3, yet h = (−1, 1)
-    gives max|l*| = 4/3 > 1 = max|l|), ⇐ on E₃ (B_ratio = 4/3, yet h = (1, 1) gives
-    max|l*| = 5/3 < 2 = max|l|). None exists for V = 2 or D = 1; these are the smallest.
-  • Read as "B_ratio ≤ 1 ⇔ max|l*| ≤ max|l| for every h", ⇒ still fails (E₂) and ⇐ holds,
-    trivially: "every h" includes h = μ, the first bullet.
-So B_ratio ≤ 1 says that centering shrinks the logit range along μ, not for every token. The
-proof (App. B) breaks at Eq. 32, 34 and 35. How often a random h gets a larger max|l*| grows
-with B_ratio: `b_ratio_scan`'s random matrices give ~3% below 0.1, ~6% at 0.1–0.2 and ~40% at
-0.7–1 (`python analyze.py verify --b_ratio_scan`).
+  • For h ⊥ μ, l* = l: the right side holds whatever B_ratio is (⇒ holds, ⇐ fails: E₃).
+  • For a given h otherwise both directions fail: ⇒ on E₂ (B_ratio = 1/3, h = (−1, 1):
+    max|l*| = 4/3 > 1 = max|l|), ⇐ on E₃ (B_ratio = 4/3, h = (1, 1): 5/3 < 2). None exists
+    for V = 2 (e*₁ = −e*₂) or D = 1 (l* = h·(eᵢ − μ): exactly the h ∥ μ case).
+  • Read "for every h", ⇒ still fails (E₂) and ⇐ holds, trivially: every h includes h = μ.
+  The proof breaks at Eq. 32, 34 and 35. What holds for every h: max|l*| ≤ max|l| ⇔
+  max|lᵢ − l̄| ≤ max|lᵢ| (Eq. 26 with eᵢ·h for eᵢ·μ), and max|l*| ≤ 2·max|l|; centering lowers
+  the mean square of the logits and of the row norms (by l̄² and ‖μ‖²), not their maximum (row
+  i's norm shrinks exactly when eᵢ·μ ≥ ‖μ‖²/2). So B_ratio ≤ 1 says that centering shrinks the
+  logit range along μ, not for every token; how often a random h gets a larger max|l*| grows
+  with B_ratio (`--b_ratio_scan` prints it per bin).
 """
 import itertools
 import math
@@ -38,7 +37,7 @@ SCAN_MATRICES = 200    # B_ratio scan: random anisotropic matrices …
 SCAN_HIDDEN = 500      # … random hidden states per matrix …
 SCAN_SHAPE = (1000, 64)  # … of V×D
 
-E0 = ((-1, 0), (0, -1), (0, 0))    # μ = (−1/3, −1/3)
+E0 = ((-1, 0), (0, -1), (0, 0))    # μ = (−1/3, −1/3); E₀–E₃: the audit's counterexamples
 E1 = ((-1, 0), (0, -1), (0, 1))    # μ = (−1/3, 0)
 E2 = ((-1, 0), (-1, 0), (0, -1))   # μ = (−2/3, −1/3)
 E3 = ((-1, -1), (-1, 1), (1, 0))   # μ = (−1/3, 0)
@@ -47,14 +46,6 @@ H2, H3 = (-1, 1), (1, 1)           # the hidden states that E₂ and E₃ need
 
 def dot(a, b):
     return sum(x * y for x, y in zip(a, b))
-
-
-def exact_sqrt(q: Fraction) -> Fraction:
-    """√q for a rational square (the audit's ‖μ‖ happens to be one); ValueError otherwise."""
-    num, den = math.isqrt(q.numerator), math.isqrt(q.denominator)
-    if num * num != q.numerator or den * den != q.denominator:
-        raise ValueError(f"{q} is not the square of a fraction")
-    return Fraction(num, den)
 
 
 def exact_terms(E, h=None) -> dict:
@@ -82,69 +73,33 @@ def exact_terms(E, h=None) -> dict:
 
 
 def theorem4_audit() -> list[dict]:
-    """Theorem 4 claims (Eq. 14): B_ratio ≤ 1 ⇔ maxᵢ|l*ᵢ| ≤ maxᵢ|lᵢ|. Its proof (App. B), step by
-    step; each row that this function returns checks one step, in exact fractions, on the
-    smallest counterexample (V = 3, D = 2, size Σ|Wᵢⱼ| then Σ|hⱼ|; `exhaustive_search` finds
-    them, and tests/test_analyze.py checks that none is smaller):
-        E₀ = [[−1,0],[0,−1],[0,0]]    E₁ = [[−1,0],[0,−1],[0,1]]
-        E₂ = [[−1,0],[−1,0],[0,−1]]   E₃ = [[−1,−1],[−1,1],[1,0]]
-    Writing aᵢ = eᵢ·μ̂ (μ̂ = μ/‖μ‖) and pᵢ = eᵢ − aᵢμ̂, centering maps aᵢ → aᵢ − ‖μ‖ and leaves
-    pᵢ alone, so ‖e*ᵢ‖² = ‖eᵢ‖² − 2eᵢ·μ + ‖μ‖².
-      Eq. 24–28: correct with the tight bounds B₋ = ‖μ‖² − minᵢ eᵢ·μ, B₊ = maxᵢ eᵢ·μ − ‖μ‖²
-        (μ ≠ 0): e*ᵢ·μ = eᵢ·μ − ‖μ‖² fills [−B₋, B₊], and an interval [a, b] with b ≥ 0 has
-        max|x| = max(−a, b), so Eq. 13 is B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26). With
-        loose bounds (which Eq. 12 allows) Eq. 25 is only "≤" and Eq. 13 is not Eq. 26: E₁
-        with the valid B₋ = 1 instead of the tight 1/9 gives 9/8 > 1 instead of 2/3.
-      Eq. 32 is false: maxᵢ(xᵢ + yᵢ) ≤ maxᵢ xᵢ + maxᵢ yᵢ, with equality only if one row
-        maximises both the parallel and the perpendicular part. Smallest: E₀ (5/9 < 13/18);
-        E₁ (10/9 < 13/9) is the smallest where this breaks the conclusion Eq. 34 as well.
-      Eq. 33 mixes μ̂ with μ and squared with unsquared terms. Its correct form, maxᵢ(e*ᵢ·μ̂)²
-        − maxᵢ(eᵢ·μ̂)² ≤ 0, follows from Eq. 28 (E₁: −5/9), but bounds the parallel parts only,
-        and without Eq. 32 says nothing about the norms. As printed it is not even ≤ 0: for
-        E₁, maxᵢ|e*ᵢ·μ̂| − maxᵢ|eᵢ·μ| = 2/3 − 1/3 = 1/3 although B_ratio = 2/3.
-      Eq. 34 is false: E₁ has B_ratio = 2/3 ≤ 1 yet maxᵢ‖e*ᵢ‖² = 10/9 > 1 = maxᵢ‖eᵢ‖² (row 2
-        has e₂·μ = 0 < ‖μ‖²/2, so its norm grows).
-      Eq. 34 → 35 (Lemma 2) is false: Lemma 2 is an upper bound, and a smaller bound does not
-        make a given h's largest logit smaller. E₂ has maxᵢ‖e*ᵢ‖² = 8/9 ≤ 1 = maxᵢ‖eᵢ‖², yet
-        h = (−1, 1) gives l = (1, 1, −1) and l* = (2/3, 2/3, −4/3): max|l*| = 4/3 > 1.
-      Eq. 14 ⇒, for a given h: false (E₂ has B_ratio = 1/3; same h). So ⇒ also fails when
-        read as "for every h".
-      Eq. 14 ⇐, for a given h: false. E₃ has B_ratio = 4/3 > 1, and h = (1, 1) gives
-        l = (−2, 0, 1), l* = (−5/3, 1/3, 4/3): max|l*| = 5/3 < 2 strictly. (An h ⊥ μ, e.g.
-        (0, 1), has l* = l, so the right side holds with equality.) "Reversing the logic" fails too:
-        E₃ has maxᵢ‖e*ᵢ‖² = 16/9 ≤ 2 = maxᵢ‖eᵢ‖², so a shrinking Lemma-2 bound does not imply
-        B_ratio ≤ 1 either.
-      Eq. 14 ⇐, read as "for every h": true, trivially. With h = μ the logits are eᵢ·μ and
-        e*ᵢ·μ, so by Eq. 26, B_ratio ≤ 1 ⇔ max|l*| ≤ max|l| at h = μ                        (i)
-        — a restatement of the definition in the single direction of μ (E₃: 4/9 > 1/3).
-    None of this can happen for V = 2 (e*₁ = −e*₂ = (e₁ − e₂)/2, so |l*| ≤ max|l| always) or
-    D = 1 (l* = h·(eᵢ − μ), so Eq. 14 is exactly (i) for h ≠ 0).
-
-    What does hold, for every h and every matrix:
-      (ii)  l*ᵢ = lᵢ − l̄ (Lemma 1), so max|l*ᵢ| ≤ max|lᵢ| ⇔ max|lᵢ − l̄| ≤ max|lᵢ|: the
-            criterion is the ratio of Eq. 26 with eᵢ·μ replaced by this h's logits eᵢ·h;
-            and always max|l*ᵢ| ≤ maxᵢ lᵢ − minᵢ lᵢ ≤ 2·max|lᵢ|.
-      (iii) (1/V) Σᵢ l*ᵢ² = (1/V) Σᵢ lᵢ² − l̄²  and  (1/V) Σᵢ ‖e*ᵢ‖² = (1/V) Σᵢ ‖eᵢ‖² − ‖μ‖²:
-            centering always lowers the root-mean-square logit and row norm, not the maximum.
-      (iv)  maxᵢ‖e*ᵢ‖ ≤ maxᵢ‖eᵢ‖ ⇔ the Lemma-2 bound shrinks ⇔ the worst case over unit h
-            shrinks; row i's norm shrinks exactly when eᵢ·μ ≥ ‖μ‖²/2.
-    So B_ratio ≤ 1 (the paper's App. C finds it for trained untied models) is evidence that
-    centering shrinks the logit range along μ, not a guarantee for every token's largest
-    logit. How often a random h breaks it depends on the matrix and on how h is drawn:
-    `b_ratio_scan` measures it as a function of B_ratio.
-
-    Each row: step, example, claim (the step's inequality or equality on the example), lhs,
-    rhs (exact, as strings such as "10/9") and holds (does the claim hold there)."""
+    """Theorem 4's proof (App. B), one row per step: step, example, claim, lhs, rhs (exact, as
+    strings such as "10/9") and holds, on the smallest counterexamples E₀–E₃ (V = 3, D = 2, by
+    size Σ|Wᵢⱼ| then Σ|hⱼ|; the tests check with `exhaustive_search` that none is smaller).
+    With aᵢ = eᵢ·μ̂ and pᵢ = eᵢ − aᵢμ̂, centering maps aᵢ → aᵢ − ‖μ‖ and keeps pᵢ.
+      Eq. 24–28 hold with the tight B₋, B₊: e*ᵢ·μ = eᵢ·μ − ‖μ‖² fills [−B₋, B₊], so Eq. 13 is
+        Eq. 26. With loose bounds (which Eq. 12 allows) it is not: E₁ with B₋ = 1 gives 9/8.
+      Eq. 32 is false: maxᵢ(xᵢ + yᵢ) ≤ maxᵢ xᵢ + maxᵢ yᵢ, equal only if one row maximises the
+        parallel and the perpendicular part (E₀: 5/9 < 13/18; E₁ also breaks Eq. 34).
+      Eq. 33 mixes μ̂ with μ and squared with unsquared terms; its correct form (parallel parts,
+        from Eq. 28: E₁ −5/9 ≤ 0) says nothing about norms without Eq. 32; as printed, E₁ 1/3.
+      Eq. 34 is false: E₁ has B_ratio = 2/3 yet maxᵢ‖e*ᵢ‖² = 10/9 > 1 (e₂·μ = 0 < ‖μ‖²/2).
+      Eq. 34 → 35 (Lemma 2) is false: a smaller upper bound does not shrink a given h's largest
+        logit (E₂: 8/9 ≤ 1, yet h = (−1, 1) gives l = (1, 1, −1), l* = (2/3, 2/3, −4/3)).
+      Eq. 14 ⇒ fails on E₂ (same h); ⇐ on E₃ (h = (1, 1): l = (−2, 0, 1), l* = (−5/3, 1/3, 4/3)),
+        and "reversing the logic" too (E₃: max‖e*‖² = 16/9 ≤ 2, yet B_ratio = 4/3).
+      (i) at h = μ the logits are eᵢ·μ and e*ᵢ·μ: Eq. 26 itself (E₃: 4/9 > 1/3)."""
     e0, e1, e2, e3 = exact_terms(E0), exact_terms(E1), exact_terms(E2, H2), exact_terms(E3, H3)
     loose = max(1, e1["b_plus"]) / max(1 - e1["mu_sq"], e1["b_plus"] + e1["mu_sq"])
-    eq33_printed = e1["logit_mu_star"] / exact_sqrt(e1["mu_sq"]) - e1["logit_mu"]
+    mu_sq = e1["mu_sq"]  # 1/9, a rational square: ‖μ‖ is exact
+    mu_norm = Fraction(math.isqrt(mu_sq.numerator), math.isqrt(mu_sq.denominator))
+    eq33_printed = e1["logit_mu_star"] / mu_norm - e1["logit_mu"]
+    split = "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²"
     rows = [  # (step, example, claim, lhs, relation, rhs)
         ("Eq. 26", "E₁", "Eq. 13 = max|e*·μ| / max|e·μ|", e1["eq13"], "=", e1["eq26"]),
         ("Eq. 13, loose B₋", "E₁, B₋ = 1", "Eq. 13 = max|e*·μ| / max|e·μ|", loose, "=", e1["eq26"]),
-        ("Eq. 32", "E₀", "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", e0["norm_sq_star"], "=",
-         e0["eq32_split"]),
-        ("Eq. 32", "E₁", "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", e1["norm_sq_star"], "=",
-         e1["eq32_split"]),
+        ("Eq. 32", "E₀", split, e0["norm_sq_star"], "=", e0["eq32_split"]),
+        ("Eq. 32", "E₁", split, e1["norm_sq_star"], "=", e1["eq32_split"]),
         ("Eq. 33, parallel parts", "E₁", "max(e*·μ̂)² − max(e·μ̂)² ≤ 0", e1["eq33_parallel"],
          "≤", 0),
         ("Eq. 33 as printed", "E₁", "max|e*·μ̂| − max|e·μ| ≤ 0", eq33_printed, "≤", 0),
@@ -169,13 +124,11 @@ def theorem4_audit() -> list[dict]:
 
 def exhaustive_search(entries: int = SEARCH_ENTRIES,
                       h_entries: int = SEARCH_H_ENTRIES) -> list[dict]:
-    """Every V = 3, D = 2 matrix W with integer entries in {−entries, …, entries} and μ ≠ 0,
-    against every integer h ≠ 0 with entries in {−h_entries, …, h_entries}: for each failing
-    step of Theorem 4's proof, how many matrices break it and the smallest that does (size
-    Σ|Wᵢⱼ|, then Σ|hⱼ|; ties go to the first in the enumeration). All in integers: with
-    s = 3μ = Σᵢ eᵢ, the scaled rows 3eᵢ and 3e*ᵢ = 3eᵢ − s are integer vectors, and every
-    comparison of the proof is one between their dot products (the Eq. 32 split multiplied
-    by ‖s‖²), so no rounding can decide a verdict."""
+    """Every V = 3, D = 2 integer W with entries in ±entries and μ ≠ 0, against every integer
+    h ≠ 0 with entries in ±h_entries: per failing step of the proof, how many matrices break it
+    and the smallest that does (size Σ|Wᵢⱼ|, then Σ|hⱼ|; ties: the first enumerated). In
+    integers: with s = 3μ, the rows 3eᵢ and 3e*ᵢ = 3eᵢ − s are integer vectors and every
+    comparison is one of their dot products (Eq. 32's split times ‖s‖²): no rounding."""
     values = range(-entries, entries + 1)
     W = np.array(list(itertools.product(values, repeat=6)), dtype=np.int64).reshape(-1, 3, 2)
     W = W[W.sum(1).any(1)]                                          # μ ≠ 0
@@ -219,27 +172,18 @@ def exhaustive_search(entries: int = SEARCH_ENTRIES,
 
 def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = SCAN_HIDDEN,
                  shape=SCAN_SHAPE, seed: int = 0) -> list[dict]:
-    """How often a random h gets a larger max|l*| than max|l|, per random anisotropic matrix.
-
-    The generator (float64, one torch.Generator seeded with `seed`): per matrix, per-axis
-    scales aₖ ~ U(0, 2), a shift size c = 10^u with u ~ U(−1, 1), and
-        W = X·diag(a) + c·m,   X ~ N(0, 1)^{V×D},  m ~ N(0, I_D)
-    (rows isotropic up to the axis scales, plus a common shift: anisotropic like trained
-    output embeddings), then n_hidden hidden states h ~ N(0, I_D). Returns per matrix its
-    B_ratio and the share of its h with maxᵢ|l*ᵢ| > maxᵢ|lᵢ|. Theorem 4 would make that share
-    0 whenever B_ratio ≤ 1 and 1 whenever B_ratio > 1; the numbers depend on this generator."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def draw(*size):
-        return torch.randn(*size, generator=generator, dtype=torch.float64)
-
+    """Per random anisotropic matrix, its B_ratio and the share of n_hidden random h with
+    maxᵢ|l*ᵢ| > maxᵢ|lᵢ| (Theorem 4 would make it 0 for B_ratio ≤ 1, 1 above). Generator
+    (float64, seeded): axis scales aₖ ~ U(0, 2), shift size c = 10^U(−1, 1),
+        W = X·diag(a) + c·m,   X ~ N(0, 1)^{V×D},  m ~ N(0, I_D),   h ~ N(0, I_D)
+    (rows isotropic up to the scales plus a common shift, like trained output embeddings)."""
+    seeded = dict(generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     V, D = shape
     out = []
     for _ in range(n_matrices):
-        scales = 2 * torch.rand(D, generator=generator, dtype=torch.float64)
-        shift = 10 ** (2 * torch.rand(1, generator=generator, dtype=torch.float64) - 1)
-        W = draw(V, D) * scales + shift * draw(D)
-        H = draw(D, n_hidden)
+        scales, shift = 2 * torch.rand(D, **seeded), 10 ** (2 * torch.rand(1, **seeded) - 1)
+        W = torch.randn(V, D, **seeded) * scales + shift * torch.randn(D, **seeded)
+        H = torch.randn(D, n_hidden, **seeded)
         larger = ((W - W.mean(0)) @ H).abs().amax(0) > (W @ H).abs().amax(0)
         out.append(dict(B_ratio=measure.b_ratio(W), larger_share=larger.double().mean().item()))
     return out

@@ -292,6 +292,22 @@ def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
     assert (tmp_path / "hist.png").stat().st_size > 1000
 
 
+def test_every_printed_figure_says_in_words_what_it_is(runs, capsys):
+    """logits: a meaning column beside each key; offsets and bottleneck: a legend under the
+    table; the JSON keeps the bare keys."""
+    logits = cli("logits", "--run", runs["untied"], "--tokens", 64, "--offsets", 0, 100)
+    bottleneck = cli("bottleneck", "--run", runs["untied"], "--tokens", 64)
+    lines = capsys.readouterr().out.splitlines()
+    assert "mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)" in analyze.MEANING["logit_mean"]
+    shown = [*measure.LOGIT_STATS, "mu_norm", "h_mu_proj", "B_ratio", *measure.PRECISION_STATS]
+    for key in shown:
+        row, = [line for line in lines if line.startswith(key + " ")]
+        assert row.endswith(analyze.MEANING[key]) and key in logits
+    for key in ("offset", "spacing_over_sigma", "retained_norm", "rank2D_energy", "sgd_cosine"):
+        assert f"  {key}: {analyze.MEANING[key]}" in lines
+    assert "sgd_cosine" in bottleneck["steps"][0] and "offset" in logits["offsets"][0]
+
+
 def test_cli_logits_reports_what_the_matmul_dtype_loses(runs):
     """float32: rounding at float32's 2⁻²⁴ only; bfloat16 (8 significant bits): far more."""
     f32 = cli("logits", "--run", runs["untied"], "--tokens", 128)

@@ -7,6 +7,7 @@ backward; no backward work under no_grad; the default path per device; the switc
 whole model.
 """
 import functools
+import importlib
 
 import pytest
 import torch
@@ -50,7 +51,11 @@ def assert_close(actual, expected, tol):
     assert (actual.double() - expected.double()).abs().max() <= tol * scale
 
 
-@pytest.mark.parametrize("torch_op", [True, False])
+NEEDS_TORCH_OP = pytest.mark.skipif(not fused_loss.TORCH_OP,
+                                    reason="torch < 2.13 has no F.linear_cross_entropy")
+
+
+@pytest.mark.parametrize("torch_op", [pytest.param(True, marks=NEEDS_TORCH_OP), False])
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("name", heads.HEADS)
 def test_chunked_equals_plain(name, setting, torch_op):
@@ -113,6 +118,14 @@ def test_bad_chunk_size_is_a_clear_error():
         fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=0)
 
 
+def test_asking_for_torchs_op_where_it_is_missing_is_a_clear_error(monkeypatch):
+    """torch 2.11 has neither F.linear_cross_entropy nor torch.nn.LinearCrossEntropyOptions."""
+    monkeypatch.setattr(fused_loss, "TORCH_OP", False)
+    h, w, targets = make_inputs(torch.float32)
+    with pytest.raises(ValueError, match="torch_op=True needs torch ≥ 2.13"):
+        fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8, torch_op=True)
+
+
 def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(monkeypatch):
     """baseline / μ-loss / μ-centering go through F.linear_cross_entropy in float32 but not with
     a bf16 matmul (torch's op would round the loss to bf16); soft-cap and z-loss never; and
@@ -133,6 +146,22 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
     monkeypatch.setattr(fused_loss, "TORCH_OP", False)
     loss, _ = fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
     assert_close(loss, make_head("baseline")(h, w, targets)[0], 2e-6)
+
+
+@pytest.mark.parametrize("missing", [(F, "linear_cross_entropy"),
+                                     (torch.nn, "LinearCrossEntropyOptions")])
+def test_a_torch_without_either_half_of_the_fused_op_falls_back_to_our_loop(monkeypatch, missing):
+    """torch 2.11 has neither; both are needed, so the absence of either means our own loop."""
+    monkeypatch.delattr(*missing, raising=False)
+    try:
+        importlib.reload(fused_loss)
+        assert not fused_loss.TORCH_OP
+        h, w, targets = make_inputs(torch.float32)
+        loss, _ = fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
+        assert_close(loss, make_head("baseline")(h, w, targets)[0], 2e-6)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(fused_loss)
 
 
 def test_default_path_per_device_and_loss_chunk_zero_is_plain():
