@@ -1,0 +1,34 @@
+"""experiments/: every page is what its page.py writes from the committed results, byte for
+byte, and every command a page shows names a script that is there."""
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from experiments import pages
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+WRITTEN = ("mechanism", "alignment", "proxy")  # the pages a page.py writes
+
+
+@pytest.mark.parametrize("name", WRITTEN)
+def test_each_page_is_written_from_the_committed_results(name):
+    folder = EXPERIMENTS / name
+    page = importlib.import_module(f"experiments.{name}.page")
+    assert pages.render(folder, page.values(folder / "results")) == \
+        (folder / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", (*WRITTEN, "geometry"))
+def test_every_command_on_a_page_names_a_script_that_exists(name):
+    text = (EXPERIMENTS / name / "README.md").read_text()
+    scripts = re.findall(r"(?:python|bash) ((?:experiments|scripts)/\S+\.(?:py|sh))", text)
+    assert scripts and all((EXPERIMENTS.parent / s).is_file() for s in scripts), scripts
+    for figure in re.findall(r"\]\((results/\S+\.png)\)", text):
+        assert (EXPERIMENTS / name / figure).is_file(), figure
+
+
+def test_pages_read_numbers_as_floats_and_words_as_text(tmp_path):
+    (tmp_path / "t.csv").write_text("name,value,flag\nbf16,1e-3,false\n")
+    assert pages.read_csv(tmp_path / "t.csv") == [dict(name="bf16", value=1e-3, flag="false")]
