@@ -1,26 +1,18 @@
 """The divergence mechanism in training: every output row moved by one common vector c, then
 training continued under five numerics, from an untied bf16 baseline this command trains itself.
+What it found: experiments/mechanism/README.md (written by page.py beside this file).
 
-    bash experiments/mechanism/run.sh     # what it found: experiments/mechanism/README.md
-
-Why the conditions are one run in exact arithmetic: a common shift of the rows changes no
-prediction and no gradient, hence no step of AdamW (heads.MuCenter's docstring; the gradient
-with respect to h gains c·Σᵢ(pᵢ − yᵢ) = 0), so a shifted run makes its unshifted twin's
-predictions at every step, and so does μ-centering. float32, bf16 and bf16 with a float32 LM
-head compute that one function with other rounding: a gap between a shifted run and its twin is
-finite precision alone. μ-loss is the exception: λ‖μ + c‖² sees the shift and pulls the rows
-back, a different step per row under AdamW. tests/test_mechanism.py checks both in float64.
-
-The shifts, measured on the base model's validation hidden states h (mean h̄):
-    none      c = 0, the reference: each condition's gap is to its own unshifted run;
-    along L   c ∥ h̄, sized so that the mean logit becomes l̄ = L (analyze.mean_logit_shift):
-              logits near L round coarsely, and the stored rows grow;
-    ortho     ‖c‖ as for along 1000, along the direction the hidden states vary least (the
-              eigenvector of the mean of hhᵀ with the smallest eigenvalue): l̄ stays near l̄₀
-              and only the stored rows grow.
-Each (condition, shift, seed) continues --steps steps from the base checkpoint (weights and
-AdamW moments) at the constant --lr, on the batches of the seed's data order (the same for every
-condition and shift), and is scored on the same validation tokens in its own numerics.
+A common shift of the rows changes no prediction and no gradient, hence no AdamW step
+(heads.MuCenter's docstring; ∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0): in exact arithmetic a shifted run
+makes its unshifted twin's predictions at every step, and so does μ-centering, while float32,
+bf16 and bf16 with a float32 LM head compute that one function with other rounding. So a gap
+between twins is finite precision alone, except for μ-loss, whose λ‖μ + c‖² sees the shift
+(tests/test_mechanism.py checks both in float64). The shifts, on the base model's validation
+hidden states h: none (c = 0, each condition's reference); along L (c ∥ h̄, so that the mean
+logit becomes l̄ = L: analyze.mean_logit_shift); ortho (‖c‖ as for along 1000, along the
+eigenvector of the mean hhᵀ with the smallest eigenvalue: l̄ stays, only the rows grow). Each
+(condition, shift, seed) continues --steps steps from the base checkpoint's weights and AdamW
+moments at the constant --lr on the seed's batches, scored on the same validation tokens.
 """
 import argparse
 import contextlib
@@ -36,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
 sys.path.insert(0, str(ROOT))
@@ -50,10 +43,10 @@ from model import from_config, load_checkpoint
 
 
 @dataclass(frozen=True)
-class Condition:
-    dtype: str            # the autocast dtype of the body (train.py --dtype)
-    head: str             # heads.HEADS
-    head_dtype: str = "auto"  # train.py --head_dtype
+class Condition:  # train.py's --dtype (the body's autocast), --head and --head_dtype
+    dtype: str
+    head: str
+    head_dtype: str = "auto"
 
 
 CONDITIONS = {
@@ -71,8 +64,7 @@ BASE = dict(size="tiny", head="baseline", lr=0.3, dtype="bfloat16", batch_size=4
 
 # ── the shifts ────────────────────────────────────────────────────────────────────────────────
 
-def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:
-    """The final hidden states of the (B, T) token windows, flattened to (B·T, D), float64."""
+def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:  # (B·T, D), float64
     with torch.no_grad(), amp:
         return model.hidden(tokens).flatten(0, 1).double()
 
@@ -89,13 +81,10 @@ def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=O
     return shifts
 
 
-def shift_rows(model, c: torch.Tensor):
-    """Every output row eᵢ ← eᵢ + c (in place)."""
+def shift_rows(model, c: torch.Tensor):  # every output row eᵢ ← eᵢ + c, in place
     with torch.no_grad():
         model.output_weight.add_(c.to(model.output_weight.dtype))
 
-
-# ── one continued run ─────────────────────────────────────────────────────────────────────────
 
 def amp_for(dtype: str):
     return train.autocast(torch.device("cpu"), dtype if dtype != "float64" else "float32")
@@ -130,29 +119,23 @@ def val_loss(model, val, amp) -> float:
 def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
                  measure_every: int) -> dict:
     """Train `model` on `batches` (a list of (x, y)) at the constant lr from optimizer_state
-    (AdamW's moments, or None for fresh ones), in `dtype` ("bfloat16", "float32", or "float64"
-    for a model already in float64). Returns the train losses per step, and every measure_every
-    steps the mean logit, ‖μ‖ and the validation loss (val: a list of (x, y))."""
+    (AdamW's moments, or None), in `dtype` ("bfloat16", "float32", or "float64" for a model in
+    float64): the train loss per step, and every measure_every steps l̄, ‖μ‖ and the val loss."""
     amp = amp_for(dtype)
     optimizer = train.make_optimizer(model, argparse.Namespace(lr=lr))
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)
-    probe = val[0][0]
-    curve, losses = [], []
-    batch_iter = iter(batches)
+    curve, losses, batch_iter = [], [], iter(batches)
     for step in range(len(batches) + 1):
         if step % measure_every == 0 or step == len(batches):
-            lbar, mu_norm = mean_logit(model, probe, amp)
+            lbar, mu_norm = mean_logit(model, val[0][0], amp)  # l̄ on the first val batch
             curve.append(dict(step=step, logit_mean=lbar, mu_norm=mu_norm,
                               val_loss=val_loss(model, val, amp)))
-        if step == len(batches):
-            break
-        result = train.train_step(model, optimizer, lambda: next(batch_iter), lr, 1, amp)
-        losses.append(result.loss.item())
+        if step < len(batches):
+            losses.append(train.train_step(model, optimizer, lambda: next(batch_iter), lr, 1,
+                                           amp).loss.item())
     return dict(losses=losses, curve=curve)
 
-
-# ── the data ──────────────────────────────────────────────────────────────────────────────────
 
 def train_batches(tokens: np.ndarray, seed: int, steps: int, batch: int, seq_len: int):
     """`steps` batches of `batch` random (seq_len + 1)-token windows: the data order of `seed`."""
@@ -182,30 +165,31 @@ def train_base(args) -> Path:
     return out / "ckpt.pt"
 
 
-def cell_name(condition: str, shift: str, seed: int) -> str:
-    return f"{condition}_{shift}_seed{seed}"
+def cell_path(args, condition: str, shift: str, seed: int) -> Path:
+    return Path(args.work) / "cells" / f"{condition}_{shift}_seed{seed}.json"
+
+
+def base_model(args, condition: Condition):
+    """The base checkpoint (weights and AdamW moments) and its model under `condition`."""
+    ckpt = load_checkpoint(Path(args.work) / "base" / "ckpt.pt")
+    return ckpt, build_condition_model(ckpt["config"], ckpt["model"], condition, torch.float32)
 
 
 def run_cell(job) -> str:
     """One (condition, shift, seed): continue, then write its JSON into the work folder."""
-    args, condition, shift, seed = job
     torch.set_num_threads(1)
-    path = Path(args.work) / "cells" / f"{cell_name(condition, shift, seed)}.json"
-    ckpt = load_checkpoint(Path(args.work) / "base" / "ckpt.pt")
-    setting = CONDITIONS[condition]
-    model = build_condition_model(ckpt["config"], ckpt["model"], setting, torch.float32)
-    c = torch.tensor(json.loads((Path(args.work) / "shifts.json").read_text())[shift]["c"],
-                     dtype=torch.float64)
-    shift_rows(model, c)
+    args, condition, shift, seed = job
+    ckpt, model = base_model(args, CONDITIONS[condition])
+    shift_rows(model, torch.tensor(json.loads((Path(args.work) / "shifts.json").read_text())
+                                   [shift]["c"], dtype=torch.float64))
     tokens = data.read_shard(data.shard_paths(args.data, "train")[0])
     batches = train_batches(tokens, seed, args.steps, BASE["batch_size"], BASE["seq_len"])
-    val = val_windows(args)
     start = time.perf_counter()
-    result = continue_run(model, ckpt["optimizer"], batches, val, args.lr, setting.dtype,
-                          args.measure_every)
+    result = continue_run(model, ckpt["optimizer"], batches, val_windows(args), args.lr,
+                          CONDITIONS[condition].dtype, args.measure_every)
     result |= dict(condition=condition, shift=shift, seed=seed, wall_s=time.perf_counter() - start)
-    train.write_json(path, result)
-    return path.name
+    train.write_json(cell_path(*job), result)
+    return cell_path(*job).name
 
 
 def prepare_shifts(args):
@@ -213,26 +197,21 @@ def prepare_shifts(args):
     path = Path(args.work) / "shifts.json"
     if path.exists():
         return json.loads(path.read_text())
-    ckpt = load_checkpoint(Path(args.work) / "base" / "ckpt.pt")
-    model = build_condition_model(ckpt["config"], ckpt["model"], CONDITIONS["bf16"],
-                                  torch.float32)
-    val = val_windows(args)
-    H = torch.cat([hidden_states(model, x, amp_for("bfloat16")) for x, _ in val])
+    _, model = base_model(args, CONDITIONS["bf16"])
+    H = torch.cat([hidden_states(model, x, amp_for("bfloat16")) for x, _ in val_windows(args)])
     W = model.output_weight.detach().double()
-    shifts = {}
-    for name, c in shift_vectors(H, W).items():
-        shifts[name] = dict(c=c.tolist(), c_norm=c.norm().item(),
-                            logit_mean=(H.mean(0) @ (W.mean(0) + c)).item())
+    shifts = {name: dict(c=c.tolist(), c_norm=c.norm().item(),
+                         logit_mean=(H.mean(0) @ (W.mean(0) + c)).item())
+              for name, c in shift_vectors(H, W).items()}
     train.write_json(path, shifts)
     return shifts
 
 
 def run_all(args):
-    cells_dir = Path(args.work) / "cells"
-    cells_dir.mkdir(parents=True, exist_ok=True)
+    (Path(args.work) / "cells").mkdir(parents=True, exist_ok=True)
     cells = [(args, condition, shift, seed) for seed in range(args.seeds)
              for shift in prepare_shifts(args) for condition in args.conditions]
-    pending = [job for job in cells if not (cells_dir / f"{cell_name(*job[1:])}.json").exists()]
+    pending = [job for job in cells if not cell_path(*job).exists()]
     print(f"mechanism: {len(cells)} runs of {args.steps} steps, {len(cells) - len(pending)} done; "
           f"{args.jobs} at once", flush=True)
     start = time.perf_counter()
@@ -282,8 +261,8 @@ def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
                         for r in runs]
                 row |= {f"gap_{when}_mean": float(np.mean(gaps)),
                         f"gap_{when}_std": float(np.std(gaps, ddof=1)) if len(gaps) > 1 else 0.0}
-            row |= dict(gap_min=min(gaps), gap_max=max(gaps))  # of the end gaps, the last above
-            row["drift_mean"] = float(np.mean([r["logit_mean_drift"] for r in runs]))
+            row |= dict(gap_min=min(gaps), gap_max=max(gaps),  # of the end gaps, the last above
+                        drift_mean=float(np.mean([r["logit_mean_drift"] for r in runs])))
             table.append(row)
     return table
 
@@ -346,9 +325,9 @@ STYLE = {"bf16": ("tab:red", "bf16"), "float32": ("tab:blue", "float32"),
 
 
 def shift_label(shift: str) -> str:
-    if shift.startswith("along"):
-        return f"c ∥ h̄, l̄ → {shift[len('along'):]}"
-    return f"{shift}: c ⊥ h, ‖c‖ as l̄ → {ORTHO_LEVEL}" if shift == "ortho" else shift
+    if shift == "ortho":
+        return f"ortho: c ⊥ h, ‖c‖ as l̄ → {ORTHO_LEVEL}"
+    return f"c ∥ h̄, l̄ → {shift[len('along'):]}" if shift.startswith("along") else shift
 
 
 def report(out: Path, args):
@@ -357,36 +336,32 @@ def report(out: Path, args):
     if missing:
         raise ValueError(f"{out} lacks {', '.join(missing)}; run mechanism.py without "
                          "--from_results first.")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     gaps, curves = pages.read_csv(out / "gaps.csv"), pages.read_csv(out / "curves.csv")
     (out / "table.md").write_text(gap_table(gaps, args))
     base = json.loads((out / "base.json").read_text())
     title = (f"untied {BASE['size']} baseline after {base['steps']:,} bf16 steps at "
              f"η = {BASE['lr']:g}, its rows shifted by c, then {max(c['step'] for c in curves):.0f}"
              f" steps at η = {args.lr:g}; {max(g['seeds'] for g in gaps):.0f} data orders")
-    plot_gaps(plt, gaps, title, out / "gap_vs_L.png")
-    plot_logit_mean(plt, curves, title, out / "logit_mean_steps.png")
+    plot_gaps(gaps, title, out / "gap_vs_L.png")
+    plot_logit_mean(curves, title, out / "logit_mean_steps.png")
     print(f"mechanism: wrote {out}/table.md, gap_vs_L.png and logit_mean_steps.png")
 
 
-def plot_gaps(plt, gaps: list[dict], title: str, path: Path):
+def plot_gaps(gaps: list[dict], title: str, path: Path):
     """The gap after the continued steps per shift, the conditions dodged side by side."""
     shifts = [s for s in dict.fromkeys(g["shift"] for g in gaps) if s != "none"]
     conditions = [c for c in STYLE if any(g["condition"] == c for g in gaps)]
-    fig, ax = plt.subplots(figsize=(9, 4.6), layout="constrained")
+    fig = Figure(figsize=(9, 4.6), layout="constrained")  # no pyplot: nothing to display or close
+    ax = fig.subplots()
     for i, condition in enumerate(conditions):
-        cell = {g["shift"]: g for g in gaps if g["condition"] == condition}
-        dodge = (i - (len(conditions) - 1) / 2) * 0.14
-        ax.errorbar([k + dodge for k in range(len(shifts))],
-                    [cell[s]["gap_end_mean"] for s in shifts],
-                    yerr=[cell[s]["gap_end_std"] for s in shifts], fmt="o", capsize=2,
-                    color=STYLE[condition][0], label=STYLE[condition][1])
-    ax.set_xticks(range(len(shifts)), [shift_label(s).replace(": ", ":\n") for s in shifts],
-                  fontsize=8)
+        cell = [next(g for g in gaps if (g["condition"], g["shift"]) == (condition, s))
+                for s in shifts]
+        ax.errorbar([k + (i - (len(conditions) - 1) / 2) * 0.14 for k in range(len(shifts))],
+                    [g["gap_end_mean"] for g in cell], yerr=[g["gap_end_std"] for g in cell],
+                    fmt="o", capsize=2, color=STYLE[condition][0], label=STYLE[condition][1])
+    ax.set_xticks(range(len(shifts)), [shift_label(s).replace(", ", "\n") for s in shifts])
     ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
-    ticks = (-0.2, -0.1, 0, 0.1, 1, 10, 100, 1000)
+    ticks = (-0.1, 0, 0.1, 1, 10, 100, 1000)
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_ylim(bottom=1.2 * min(g["gap_end_mean"] - g["gap_end_std"] for g in gaps))
     ax.axhline(0, color="grey", lw=0.8)
@@ -396,24 +371,21 @@ def plot_gaps(plt, gaps: list[dict], title: str, path: Path):
                  fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
-def plot_logit_mean(plt, curves: list[dict], title: str, path: Path):
+def plot_logit_mean(curves: list[dict], title: str, path: Path):
     """l̄ over the continued steps, mean over the seeds, one panel per shift that moves it."""
     panels = [s for s in ("along300", "along1000", "along3000", "ortho")
               if any(c["shift"] == s for c in curves)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.9),
-                             layout="constrained", squeeze=False)
+    fig = Figure(figsize=(3.3 * len(panels), 3.9), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, shift in zip(axes[0], panels):
         for condition, (color, label) in STYLE.items():
-            by_step = {}
-            for c in curves:
-                if c["condition"] == condition and c["shift"] == shift:
-                    by_step.setdefault(c["step"], []).append(c["logit_mean"])
-            steps = sorted(by_step)
-            ax.plot(steps, [np.mean(by_step[s]) for s in steps], marker=".", color=color,
-                    label=label)
+            points = [(c["step"], c["logit_mean"]) for c in curves
+                      if (c["condition"], c["shift"]) == (condition, shift)]
+            steps = sorted({step for step, _ in points})
+            ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
+                    marker=".", color=color, label=label)
         ax.set_title(shift_label(shift), fontsize=9)
         ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
         ax.set(xlabel="step after the shift", ylabel="mean logit l̄ = μ·h̄")
@@ -422,7 +394,6 @@ def plot_logit_mean(plt, curves: list[dict], title: str, path: Path):
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center",
                ncol=len(STYLE), fontsize=8)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def build_parser():
