@@ -26,8 +26,6 @@ from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_mod
 TRIVIAL_TRAIN = ("--lr", "3e-3", "--eval_every", "0", "--log_every", "50", "--save_every", "1000")
 
 
-# ── embedding geometry (pure, float64) ────────────────────────────────────────────────────────
-
 def centred(A: torch.Tensor) -> torch.Tensor:
     """A minus its mean row: removes the common shift (μ) that dominates raw cosines."""
     return A - A.mean(0)
@@ -55,9 +53,7 @@ def alignment(A: torch.Tensor, B: torch.Tensor) -> dict:
 def nearest_neighbours(A: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (n×k) of each row's k most cosine-similar other rows, rows centred first."""
     X = torch.nn.functional.normalize(centred(A), dim=1)
-    sim = X @ X.T
-    sim.fill_diagonal_(-math.inf)
-    return sim.topk(k, dim=1).indices
+    return (X @ X.T).fill_diagonal_(-math.inf).topk(k, dim=1).indices
 
 
 def knn_overlap(A: torch.Tensor, B: torch.Tensor, k: int = 10) -> float:
@@ -113,8 +109,6 @@ def frequent_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     order = np.lexsort((np.arange(len(counts)), -counts))
     return order[: min(k, int((counts > 0).sum()))]
 
-
-# ── subcommands ───────────────────────────────────────────────────────────────────────────────
 
 def tied_gradient_split(gpt: model.GPT, x: torch.Tensor, y: torch.Tensor):
     """(∇ from the LM head, ∇ from the input embedding) of the loss on one batch, each V×D: the
@@ -173,20 +167,18 @@ def run_tying(args) -> dict:
         for a, b in pairs:
             geometry[f"{a} vs {b} at init"] = measure(start[a], start[b])
             geometry[f"Δ{a} vs Δ{b} since init"] = measure(final[a] - start[a], final[b] - start[b])
-    columns = ("identity", "procrustes", "lstsq", "knn_overlap")
-    D = tied.config.n_embd
-    note = (f"; note: K ≤ D = {D}, so a linear map fits any K points: raise --top_k"
-            if len(ids) <= D else "")
-    print_table([[name, *(g[c] for c in columns)] for name, g in geometry.items()],
-                ("matrices", *columns),
-                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, "
-                f"K = {len(ids)} most frequent tokens; tied step {tied_step}, "
-                f"untied step {untied_step}{note}")
+    note = (f"; K ≤ D = {tied.config.n_embd}: a linear map fits any K points, raise --top_k"
+            if len(ids) <= tied.config.n_embd else "")
+    print_table([[name, *g.values()] for name, g in geometry.items()],
+                ("matrices", *next(iter(geometry.values()))),
+                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, K = "
+                f"{len(ids)} most frequent tokens; tied step {tied_step}, untied {untied_step}"
+                + note)
     shares = []
     for name, run in (("tied", args.tied), ("untied", args.untied)):
         for gpt, cfg, step in run_models(run, args.device, all_steps=True):
-            seq_len = args.seq_len or int(cfg["seq_len"])
-            x, y = data.ShardLoader(data_dir, args.batch_size, seq_len).next_batch()
+            x, y = data.ShardLoader(data_dir, args.batch_size,
+                                    args.seq_len or int(cfg["seq_len"])).next_batch()
             split = tied_gradient_split(gpt, x.to(args.device), y.to(args.device))
             shares.append(dict(run=name, step=step, **output_share(*split)))
     print_table([list(s.values()) for s in shares], list(shares[0]),
@@ -233,19 +225,15 @@ def run_signatures(args) -> dict:
 
 
 def repeat_floor(vocab: int, seq_len: int) -> float:
-    """The lowest mean loss (nats per token) this model can reach on prepare.py's `repeat` task
-    when train.py's --seq_len is the task's T (as `trivial` runs it).
-
-    The data: sequences of T copies of one token, drawn uniformly from V' ids (V' = V, or V − 1
-    once the vocabulary holds EOT, left out). The loader cuts windows of T + 1 tokens at
-    multiples of T, so x = a a … a and y = a … a b, b the next sequence's token (= a w.p. 1/V').
-    The model: equal tokens give one hidden state at every position (by induction over the
-    layers: attention mixes equal rows with weights summing to 1, RoPE is relative, everything
-    else acts row by row), so it predicts one q per window for all T positions.
-    The floor: a window's expected loss −(1/T)·[(T − 1)·ln q_a + (1/V')·Σ_b ln q_b] is a
-    cross-entropy against π_a = (T − 1 + 1/V')/T, π_c = 1/(V'·T) for the V' − 1 others, which
-    Gibbs' inequality minimises at q = π: H(π) = −π_a·ln π_a − (V' − 1)·π_c·ln π_c. For T = 1
-    it is chance, ln V'; for T ≥ 2 it lies above ln(V')/T (a model that knew the position)."""
+    """The lowest mean loss (nats/token) this model can reach on prepare.py's `repeat` task when
+    --seq_len is the task's T. Data: T copies of one token drawn from V' ids (V − 1 once the
+    vocabulary holds EOT, left out), cut into windows at multiples of T: x = a…a, y = a…a b with
+    b the next sequence's token. Model: equal tokens give one hidden state at every position (by
+    induction over the layers: attention mixes equal rows, RoPE is relative, the rest acts row by
+    row), so one q per window. A window's expected loss −(1/T)·[(T − 1)·ln q_a + (1/V')·Σ_b ln
+    q_b] is a cross-entropy against π_a = (T − 1 + 1/V')/T, π_c = 1/(V'·T) for the V' − 1 others,
+    minimised at q = π (Gibbs): H(π) = −π_a·ln π_a − (V' − 1)·π_c·ln π_c; ln V' at T = 1, above
+    ln(V')/T (a model that knew the position) for T ≥ 2."""
     choices = vocab - (vocab > data.EOT)
     p_same = (seq_len - 1 + 1 / choices) / seq_len
     p_other = 1 / (choices * seq_len)
@@ -260,28 +248,26 @@ def run_trivial(args) -> dict:
     steps·batch/V training sequences, so --seqs_per_token S trains each V for
     max(--steps, ⌈S·V/batch⌉) steps, lest a large vocabulary also be a rarely seen one. Each V
     gets fresh data and its own run, both skipped when already there: a sweep resumes."""
-    here, out = ROOT, Path(args.out)
-    batch, T = args.batch_size, args.seq_len
+    out, batch, T = Path(args.out), args.batch_size, args.seq_len
     eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
         raise ValueError(f"--trivial_tokens {args.trivial_tokens} leaves less than one batch of "
                          f"{batch * T} validation tokens; raise it to at least {11 * batch * T}.")
     eval_tokens = eval_steps * batch * T
     all_steps = [max(args.steps, math.ceil(args.seqs_per_token * V / batch)) for V in args.vocabs]
-    print(f"trivial: {len(all_steps)} runs (V = {', '.join(map(str, args.vocabs))}) of "
-          f"{' + '.join(map(str, all_steps))} steps of {batch} × {T} tokens; train.py prints "
-          f"each run's ETA", flush=True)
+    print(f"trivial: runs of {' + '.join(map(str, all_steps))} steps of {batch} × {T} tokens "
+          f"(V = {', '.join(map(str, args.vocabs))}); train.py prints each run's ETA", flush=True)
     rows = []
     for V, steps in zip(args.vocabs, all_steps):
-        train_share = 1 - prepare.VAL_FRACTION
-        n_tokens = max(args.trivial_tokens, math.ceil(steps * batch * T / train_share))
+        n_tokens = max(args.trivial_tokens,  # enough that no training sequence repeats
+                       math.ceil(steps * batch * T / (1 - prepare.VAL_FRACTION)))
         data_dir = out / f"repeat_V{V}_T{T}_N{n_tokens}"
         run_dir = out / f"{args.size}_{args.head}_tie{int(args.tie)}_V{V}_steps{steps}"
         if not list(data_dir.glob("*val*.bin")):
-            run_script(here / "prepare.py", "synthetic", "--task", "repeat", "--vocab", V,
+            run_script(ROOT / "prepare.py", "synthetic", "--task", "repeat", "--vocab", V,
                        "--tokens", n_tokens, "--seq_len", T, "--out", data_dir, "--seed", args.seed)
         if not (run_dir / "summary.json").is_file():
-            run_script(here / "train.py", "--size", args.size, "--head", args.head,
+            run_script(ROOT / "train.py", "--size", args.size, "--head", args.head,
                        "--vocab_size", V, "--data", data_dir, "--out_dir", run_dir,
                        "--steps", steps, "--warmup", max(1, steps // 10), "--seq_len", T,
                        "--batch_size", batch, "--micro_batch", batch, "--eval_tokens", eval_tokens,
@@ -297,7 +283,8 @@ def run_trivial(args) -> dict:
                 f"head {args.head}, tie {args.tie}, batches of {batch} sequences of {T}; "
                 "floor = the best this model can reach (repeat_floor), chance = ln V")
     if args.plot:
-        plot_trivial(rows, f"{args.size}, tie {args.tie}", args.plot)
+        plot_trivial(rows, f"repeat task, {args.size}, head {args.head}, tie {args.tie}, "
+                           f"{batch} × {T} tokens a step", args.plot)
     return dict(size=args.size, head=args.head, tie=args.tie, seq_len=T, batch_size=batch,
                 runs=rows)
 
@@ -306,27 +293,22 @@ def run_script(script: Path, *argv) -> None:
     """Run a project script in its own Python process; a failure ends this command."""
     done = subprocess.run([sys.executable, str(script), *map(str, argv)])
     if done.returncode:
-        raise ValueError(f"{script.name} failed with exit code {done.returncode}; "
-                         "its message is printed above.")
+        raise ValueError(f"{script.name} failed (exit code {done.returncode}); its message is above.")
 
 
-def plot_trivial(rows: list[dict], size: str, path: str) -> None:
+def plot_trivial(rows: list[dict], title: str, path: str) -> None:
     fig, ax = new_axes()
     V = [r["vocab"] for r in rows]
-    ax.plot(V, [r["val_loss"] for r in rows], marker="o", label=f"{size}: final validation loss")
+    ax.plot(V, [r["val_loss"] for r in rows], marker="o", label="final validation loss")
     ax.plot(V, [r["chance"] for r in rows], linestyle="--", color="0.5", label="chance, ln V")
     ax.plot(V, [r["floor"] for r in rows], linestyle=":", color="black",
             label="best this model can reach (one prediction per window)")
-    ax.set(xscale="log", xlabel="vocabulary size V", ylabel="loss (nats)",
-           title="repeat task at a fixed width")
+    ax.set(xscale="log", xlabel="vocabulary size V", ylabel="loss (nats)", title=title)
     ax.legend(fontsize="small")
     save_figure(fig, path)
 
 
 # ── CLI ───────────────────────────────────────────────────────────────────────────────────────
-
-COMMANDS = dict(tying=run_tying, signatures=run_signatures, trivial=run_trivial)
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
@@ -334,10 +316,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     output, measurement = analyze.shared_options()
     count = store.positive_int
     token_set = argparse.ArgumentParser(add_help=False)
-    token_set.add_argument("--top_k", type=count, default=512,
-                           help="keep the K most frequent training tokens")
-    token_set.add_argument("--sig_tokens", type=count, default=2_000_000,
-                           help="training tokens counted")
+    token_set.add_argument("--top_k", type=count, default=512, help="the K most frequent tokens")
+    token_set.add_argument("--sig_tokens", type=count, default=2_000_000, help="tokens counted")
     sub = p.add_subparsers(dest="command", required=True)
     tying = sub.add_parser("tying", parents=[measurement, token_set], help=run_tying.__doc__)
     tying.add_argument("--tied", required=True, help="run folder trained with --tie")
@@ -372,7 +352,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    return analyze.execute(parse_args(argv), COMMANDS, "geometry.py")
+    return analyze.execute(parse_args(argv), dict(tying=run_tying, signatures=run_signatures,
+                                                  trivial=run_trivial), "geometry.py")
 
 
 if __name__ == "__main__":
