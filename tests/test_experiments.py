@@ -32,3 +32,17 @@ def test_every_command_on_a_page_names_a_script_that_exists(name):
 def test_pages_read_numbers_as_floats_and_words_as_text(tmp_path):
     (tmp_path / "t.csv").write_text("name,value,flag\nbf16,1e-3,false\n")
     assert pages.read_csv(tmp_path / "t.csv") == [dict(name="bf16", value=1e-3, flag="false")]
+
+
+def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_path):
+    from experiments.mechanism import mechanism
+    results = EXPERIMENTS / "mechanism" / "results"
+    for name in ("gaps.csv", "curves.csv", "base.json"):
+        (tmp_path / name).write_bytes((results / name).read_bytes())
+    mechanism.main(["--from_results", "--out", str(tmp_path)])
+    assert (tmp_path / "table.md").read_text() == (results / "table.md").read_text()
+    for figure in ("gap_vs_L.png", "logit_mean_steps.png"):
+        assert (tmp_path / figure).stat().st_size > 10_000
+    (tmp_path / "gaps.csv").unlink()
+    with pytest.raises(SystemExit, match="lacks gaps.csv; run mechanism.py without --from_results"):
+        mechanism.main(["--from_results", "--out", str(tmp_path)])

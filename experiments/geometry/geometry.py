@@ -291,9 +291,9 @@ def run_trivial(args) -> dict:
 
 def run_script(script: Path, *argv) -> None:
     """Run a project script in its own Python process; a failure ends this command."""
-    done = subprocess.run([sys.executable, str(script), *map(str, argv)])
-    if done.returncode:
-        raise ValueError(f"{script.name} failed (exit code {done.returncode}); its message is above.")
+    code = subprocess.run([sys.executable, str(script), *map(str, argv)]).returncode
+    if code:
+        raise ValueError(f"{script.name} failed with exit code {code}; its message is above.")
 
 
 def plot_trivial(rows: list[dict], title: str, path: str) -> None:

@@ -1,18 +1,16 @@
 """The divergence mechanism in training: every output row moved by one common vector c, then
 training continued under five numerics, from an untied bf16 baseline this command trains itself.
-What it found: experiments/mechanism/README.md (written by page.py beside this file).
+What it found: experiments/mechanism/README.md.
 
-A common shift of the rows changes no prediction and no gradient, hence no AdamW step
-(heads.MuCenter's docstring; ∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0): in exact arithmetic a shifted run
-makes its unshifted twin's predictions at every step, and so does μ-centering, while float32,
-bf16 and bf16 with a float32 LM head compute that one function with other rounding. So a gap
-between twins is finite precision alone, except for μ-loss, whose λ‖μ + c‖² sees the shift
-(tests/test_mechanism.py checks both in float64). The shifts, on the base model's validation
-hidden states h: none (c = 0, each condition's reference); along L (c ∥ h̄, so that the mean
-logit becomes l̄ = L: analyze.mean_logit_shift); ortho (‖c‖ as for along 1000, along the
-eigenvector of the mean hhᵀ with the smallest eigenvalue: l̄ stays, only the rows grow). Each
-(condition, shift, seed) continues --steps steps from the base checkpoint's weights and AdamW
-moments at the constant --lr on the seed's batches, scored on the same validation tokens.
+In exact arithmetic a common shift of the rows changes no prediction and no AdamW step
+(heads.MuCenter's docstring; ∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0), so a shifted run and μ-centering
+make the unshifted twin's predictions at every step; float32, bf16 and bf16 with a float32 head
+compute that function with other rounding. A gap between twins is finite precision alone, but
+for μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks both in float64).
+Shifts, on the base model's validation hidden states h: none (c = 0); along L (c ∥ h̄, the mean
+logit becomes L: analyze.mean_logit_shift); ortho (‖c‖ as along 1000, along the eigenvector of
+the mean hhᵀ with the smallest eigenvalue: l̄ stays, only the rows grow). Each (condition, shift,
+seed) continues from the base checkpoint's weights and AdamW moments on the seed's batches.
 """
 import argparse
 import contextlib
@@ -49,20 +47,17 @@ class Condition:  # train.py's --dtype (the body's autocast), --head and --head_
     head_dtype: str = "auto"
 
 
-CONDITIONS = {
-    "bf16": Condition("bfloat16", "baseline"),
-    "float32": Condition("float32", "baseline"),
-    "bf16_f32_head": Condition("bfloat16", "baseline", "float32"),
-    "bf16_mu_center": Condition("bfloat16", "mu_center"),
-    "bf16_mu_loss": Condition("bfloat16", "mu_loss"),
-}
+CONDITIONS = {"bf16": Condition("bfloat16", "baseline"),
+              "float32": Condition("float32", "baseline"),
+              "bf16_f32_head": Condition("bfloat16", "baseline", "float32"),
+              "bf16_mu_center": Condition("bfloat16", "mu_center"),
+              "bf16_mu_loss": Condition("bfloat16", "mu_loss")}
 LEVELS = (0, 100, 300, 1000, 3000)  # the mean logits L of the `along` shifts
 ORTHO_LEVEL = 1000                  # the `ortho` shift has the length of along L = 1000
-# The base run: experiments/proxy/run.sh's setting at η = 0.3, the issue's long run cut short.
-BASE = dict(size="tiny", head="baseline", lr=0.3, dtype="bfloat16", batch_size=4, seq_len=64)
+# The base run (train.py's options): experiments/proxy/run.sh's setting at η = 0.3
+BASE = dict(size="tiny", head="baseline", lr=0.3, dtype="bfloat16", batch_size=4, seq_len=64,
+            eval_every=0, eval_tokens=65536, stat_tokens=4096, log_every=100, save_every=250)
 
-
-# ── the shifts ────────────────────────────────────────────────────────────────────────────────
 
 def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:  # (B·T, D), float64
     with torch.no_grad(), amp:
@@ -86,7 +81,7 @@ def shift_rows(model, c: torch.Tensor):  # every output row eᵢ ← eᵢ + c, i
         model.output_weight.add_(c.to(model.output_weight.dtype))
 
 
-def amp_for(dtype: str):
+def amp_for(dtype: str):  # float64: a model already in float64, no autocast
     return train.autocast(torch.device("cpu"), dtype if dtype != "float64" else "float32")
 
 
@@ -155,11 +150,9 @@ def train_base(args) -> Path:
     """The untied bf16 baseline, trained by train.py (resumed if cut off): its ckpt.pt."""
     out = Path(args.work) / "base"
     if not (out / "summary.json").exists():
-        command = [sys.executable, str(ROOT / "train.py"), "--data",
-                   args.data, "--out_dir", str(out), "--steps", str(args.base_steps),
-                   "--eval_every", "0", "--eval_tokens", "65536", "--stat_tokens", "4096",
-                   "--log_every", "100", "--save_every", "250", "--resume"]
-        command += [arg for key, value in BASE.items() for arg in (f"--{key}", str(value))]
+        command = [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out_dir",
+                   str(out), "--steps", str(args.base_steps), "--resume", *(
+                       arg for key, value in BASE.items() for arg in (f"--{key}", str(value)))]
         print("mechanism: training the base run:", " ".join(command[1:]), flush=True)
         subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return out / "ckpt.pt"
@@ -214,17 +207,14 @@ def run_all(args):
     pending = [job for job in cells if not cell_path(*job).exists()]
     print(f"mechanism: {len(cells)} runs of {args.steps} steps, {len(cells) - len(pending)} done; "
           f"{args.jobs} at once", flush=True)
-    start = time.perf_counter()
-    context = multiprocessing.get_context("spawn")  # fresh interpreters: one thread each
-    with context.Pool(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+    start, spawn = time.perf_counter(), multiprocessing.get_context("spawn")  # one thread each
+    with spawn.Pool(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
         mapper = pool.imap_unordered if pool else map
         for finished, name in enumerate(mapper(run_cell, pending), 1):
             eta = (time.perf_counter() - start) / finished * (len(pending) - finished)
             print(f"mechanism: {name} ({len(cells) - len(pending) + finished}/{len(cells)}, "
                   f"ETA {eta / 60:.0f} min)", flush=True)
 
-
-# ── the results ───────────────────────────────────────────────────────────────────────────────
 
 def run_rows(cells: list[dict]) -> list[dict]:
     """One row per continued run, for runs.csv. logit_mean_drift: how far l̄ wandered from its
@@ -241,10 +231,9 @@ def run_rows(cells: list[dict]) -> list[dict]:
 
 
 def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
-    """Per condition and shift: the validation loss minus that of the same condition's unshifted
-    run on the same data order, right after the shift (start: the forward pass alone) and after
-    the continued training (end), as mean, sample std and range over the seeds; and how far
-    l̄ wandered (drift_mean: logit_mean_drift, mean over the seeds)."""
+    """Per condition and shift: the validation loss minus the same condition's unshifted run's on
+    the same data order, right after the shift (start) and after the continued training (end),
+    as mean, sample std and range over the seeds; drift_mean: logit_mean_drift's mean."""
     table = []
     for condition in dict.fromkeys(r["condition"] for r in rows):
         reference = {r["seed"]: r for r in rows
@@ -303,13 +292,12 @@ def gap_table(gaps: list[dict], args) -> str:
         return [caption, "", "| numerics | " + " | ".join(map(shift_label, shifts)) + " |",
                 "|---" * (len(shifts) + 1) + "|", *(f"| {STYLE[c][1]} | " + " | ".join(
                     number(cell[c, s]) for s in shifts) + " |" for c in conditions), ""]
-    seeds = max(g["seeds"] for g in gaps)
     return "\n".join(
         table("Validation loss right after the shift minus the same numerics' unshifted run "
               "(nats; the forward pass alone, the same for every data order):",
               lambda g: f"{g['gap_start_mean']:+.2g}")
         + table(f"The same after {args.steps} steps at η = {args.lr:g}: mean ± std over "
-                f"{seeds:.0f} data orders (nats):",
+                f"{max(g['seeds'] for g in gaps):.0f} data orders (nats):",
                 lambda g: f"{g['gap_end_mean']:+.3f} ± {g['gap_end_std']:.3f}")
         + table("How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
                 "over the logged steps, mean over the data orders:",
@@ -318,7 +306,7 @@ def gap_table(gaps: list[dict], args) -> str:
 
 # ── the figures, from the committed results ───────────────────────────────────────────────────
 
-STYLE = {"bf16": ("tab:red", "bf16"), "float32": ("tab:blue", "float32"),
+STYLE = {"bf16": ("tab:red", "bf16"), "float32": ("tab:blue", "float32"),  # colour, label
          "bf16_f32_head": ("tab:purple", "bf16, float32 LM head"),
          "bf16_mu_center": ("tab:green", "bf16, μ-centering"),
          "bf16_mu_loss": ("tab:orange", "bf16, μ-loss")}
@@ -332,10 +320,10 @@ def shift_label(shift: str) -> str:
 
 def report(out: Path, args):
     """table.md, gap_vs_L.png and logit_mean_steps.png from the CSVs and base.json in out."""
-    missing = [n for n in ("gaps.csv", "curves.csv", "base.json") if not (out / n).is_file()]
+    missing = ", ".join(n for n in ("gaps.csv", "curves.csv", "base.json")
+                        if not (out / n).exists())
     if missing:
-        raise ValueError(f"{out} lacks {', '.join(missing)}; run mechanism.py without "
-                         "--from_results first.")
+        raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
     gaps, curves = pages.read_csv(out / "gaps.csv"), pages.read_csv(out / "curves.csv")
     (out / "table.md").write_text(gap_table(gaps, args))
     base = json.loads((out / "base.json").read_text())
@@ -367,8 +355,7 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
     ax.axhline(0, color="grey", lw=0.8)
     ax.set(xlabel="the common shift c of every output row",
            ylabel="val loss − the unshifted run's (nats, symlog)")
-    ax.set_title(f"{title}\nloss gap after training on, mean ± std over the data orders",
-                 fontsize=9)
+    ax.set_title(f"{title}\nloss gap after training on, mean ± std over them", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.savefig(path, dpi=110)
 
@@ -427,6 +414,7 @@ def main(argv=None):
         report(Path(args.out), args)
     except (FileNotFoundError, ValueError) as err:  # a dataset or a results folder at fault
         raise SystemExit(f"mechanism.py: error: {err}") from None
+
 
 if __name__ == "__main__":
     main()
