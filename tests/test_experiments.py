@@ -1,6 +1,5 @@
-"""experiments/: every page is what its page.py writes from the committed results, byte for
-byte, and every command a page shows names a script that is there."""
-import importlib
+"""experiments/: every page is what pages.py writes from the committed results, byte for byte,
+and every command a page shows names a script that is there."""
 import re
 from pathlib import Path
 
@@ -9,18 +8,14 @@ import pytest
 from experiments import pages
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-WRITTEN = ("mechanism", "alignment", "proxy")  # the pages a page.py writes
 
 
-@pytest.mark.parametrize("name", WRITTEN)
+@pytest.mark.parametrize("name", pages.WRITTEN)
 def test_each_page_is_written_from_the_committed_results(name):
-    folder = EXPERIMENTS / name
-    page = importlib.import_module(f"experiments.{name}.page")
-    assert pages.render(folder, page.values(folder / "results")) == \
-        (folder / "README.md").read_text()
+    assert pages.render(name) == (EXPERIMENTS / name / "README.md").read_text()
 
 
-@pytest.mark.parametrize("name", (*WRITTEN, "geometry"))
+@pytest.mark.parametrize("name", (*pages.WRITTEN, "geometry"))
 def test_every_command_on_a_page_names_a_script_that_exists(name):
     text = (EXPERIMENTS / name / "README.md").read_text()
     scripts = re.findall(r"(?:python|bash) ((?:experiments|scripts)/\S+\.(?:py|sh))", text)
@@ -46,3 +41,12 @@ def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_pat
     (tmp_path / "gaps.csv").unlink()
     with pytest.raises(SystemExit, match="lacks gaps.csv; run mechanism.py without --from_results"):
         mechanism.main(["--from_results", "--out", str(tmp_path)])
+
+
+def test_pages_refuses_a_page_it_does_not_write():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(EXPERIMENTS / "pages.py"), "geometry"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == (
+        "pages.py: error: there is no page 'geometry'; name one of mechanism, alignment, proxy.\n")

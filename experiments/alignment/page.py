@@ -1,10 +1,7 @@
-"""Writes experiments/alignment/README.md from the committed results (experiments/pages.py)."""
+"""The numbers experiments/alignment/README.md quotes, from its committed results."""
 import json
-import sys
 from pathlib import Path
 
-FOLDER = Path(__file__).resolve().parent
-sys.path.insert(0, str(FOLDER.parents[1]))  # the repository root
 from experiments import pages
 
 PAIRS = ("base", "lr1", "small", "batch16", "seq512", "long", "dense")  # run.sh's order
@@ -54,7 +51,3 @@ def values(results: Path) -> dict:
                 rms=span("h_norm_rms", rarities), gain=span("ln_f_gain_norm", rarities),
                 top2=span("top2", rarities),
                 top2_gain=max(abs(c["gain"]) for p in pairs for c in a[p]["residual_top"][:2]))
-
-
-if __name__ == "__main__":
-    pages.write(FOLDER, values(FOLDER / "results"))

@@ -49,4 +49,4 @@ for v in "${variants[@]}"; do
     python experiments/alignment/rarity.py --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
         --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"
 done
-python experiments/alignment/page.py
+python experiments/pages.py alignment

@@ -1,10 +1,7 @@
-"""Writes experiments/mechanism/README.md from the committed results (experiments/pages.py)."""
+"""The numbers experiments/mechanism/README.md quotes, from its committed results."""
 import json
-import sys
 from pathlib import Path
 
-FOLDER = Path(__file__).resolve().parent
-sys.path.insert(0, str(FOLDER.parents[1]))  # the repository root
 from experiments import pages
 
 
@@ -19,7 +16,7 @@ def values(results: Path) -> dict:
     base = json.loads((results / "base.json").read_text())
     noise = [row for row in g["float32"].values() if row["shift"] != "none"]
     wall = [r["wall_s"] for r in runs]
-    paper, = [r for r in pages.read_csv(FOLDER.parents[1] / "tests/data/oec_untied_runs.csv")
+    paper, = [r for r in pages.read_csv(pages.HERE.parent / "tests/data/oec_untied_runs.csv")
               if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
     return dict(g=g, base=base, paper=paper, h_mean_norm=base["h_mu_proj"] / base["h_mu_cos"],
                 bf16_none=ends("bf16", "none"), bf16_1000=ends("bf16", "along1000"),
@@ -30,7 +27,3 @@ def values(results: Path) -> dict:
                 noise_max=max(r["gap_max"] for r in noise),
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
                 table=(results / "table.md").read_text().rstrip("\n"))
-
-
-if __name__ == "__main__":
-    pages.write(FOLDER, values(FOLDER / "results"))

@@ -8,4 +8,4 @@ cd "$(dirname "$0")/../.."
 [ -d data/shakespeare ] || bash scripts/shakespeare.sh
 python experiments/mechanism/mechanism.py --data data/shakespeare --work "${RUNS:-runs/mechanism}" \
     --out "${OUT_DIR:-experiments/mechanism/results}" "$@"
-python experiments/mechanism/page.py
+python experiments/pages.py mechanism

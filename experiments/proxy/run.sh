@@ -32,4 +32,4 @@ python analyze.py logits --run "$(run baseline_lr1_tie0_bfloat16_seed0)" --dtype
 # the paper's own runs read the same way: table (iv), loss vs bf16 resolution of the logits
 python sweep.py table tests/data/oec_untied_runs.csv --out "$OUT/paper"
 # last, the page experiments/proxy/README.md from the results
-python experiments/proxy/page.py
+python experiments/pages.py proxy
