@@ -10,7 +10,8 @@ import torch
 import analyze
 import data
 from experiments.alignment import rarity
-from test_analyze import VOCAB, cli, gaussian, markov_dir, one_sentence, runs  # noqa: F401 (fixtures)
+from test_analyze import (VOCAB, cli, gaussian, markov_dir, one_sentence,  # noqa: F401 (fixtures)
+                          runs)
 
 
 def rarity_cli(*argv):
@@ -122,7 +123,8 @@ def test_the_figure_names_its_run_and_shows_the_never_seen_rows_in_a_strip(monke
     strip, ax = fig.axes
     assert fig._suptitle.get_text() == "run X, step 7"
     assert strip.get_xticklabels()[0].get_text() == "never seen\n(3 rows,\njittered)"
-    assert len(strip.collections[0].get_offsets()) == 3 and len(ax.collections[0].get_offsets()) == 2
+    assert len(strip.collections[0].get_offsets()) == 3
+    assert len(ax.collections[0].get_offsets()) == 2
     assert len(set(strip.collections[0].get_offsets()[:, 0])) == 3  # jittered, not one dot
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["aᵢ = 1: the row shares μ"]
     assert ax.get_xlabel() and strip.get_ylabel() and ax.get_xscale() == "log"

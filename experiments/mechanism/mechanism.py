@@ -349,8 +349,7 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
                     fmt="o", capsize=2, color=STYLE[condition][0], label=STYLE[condition][1])
     ax.set_xticks(range(len(shifts)), [shift_label(s).replace(", ", "\n") for s in shifts])
     ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
-    ticks = (-0.1, 0, 0.1, 1, 10, 100, 1000)
-    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_yticks(ticks := (-0.1, 0, 0.1, 1, 10, 100, 1000), [f"{t:g}" for t in ticks])
     ax.set_ylim(bottom=1.2 * min(g["gap_end_mean"] - g["gap_end_std"] for g in gaps))
     ax.axhline(0, color="grey", lw=0.8)
     ax.set(xlabel="the common shift c of every output row",
@@ -374,7 +373,8 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
             ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
                     marker=".", color=color, label=label)
         ax.set_title(shift_label(shift), fontsize=9)
-        ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
+        if max(abs(c["logit_mean"]) for c in curves if c["shift"] == shift) > 1e4:
+            ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
         ax.set(xlabel="step after the shift", ylabel="mean logit l̄ = μ·h̄")
         ax.grid(alpha=0.3)
     fig.suptitle(f"{title}\nmean logit, mean over the data orders", fontsize=9)
