@@ -1,10 +1,8 @@
-"""Why h̄·μ̂ stays small in the CPU proxy: each output row's reach along μ by how often its token
-occurs in training, the mean hidden state, and the residual coordinates that bound it.
+"""What holds h̄·μ̂ small (experiments/alignment/README.md): each output row's reach along μ by
+how often its token occurs in training, the mean hidden state, and the residual coordinates that
+bound it. --run, --data, --tokens, --json, --plot and the error handling are analyze.py's.
 
-    python experiments/alignment/rarity.py --run DIR [--data DIR] --tokens 4096 --json r.json \
-        --plot r.png
-
---run, --data, --tokens, --json, --plot and the error handling are analyze.py's.
+    python experiments/alignment/rarity.py --run DIR --tokens 4096 --json r.json --plot r.png
 """
 import argparse
 import math
@@ -14,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, whose modules these import
 import analyze
 import data
 import measure
@@ -31,9 +28,8 @@ def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
     part ⊥ μ), h·μ̂ would be invisible to the loss, free to drift, and l̄ = ‖μ‖·(h̄·μ̂) with it.
     Where aᵢ depends on how often token i occurs, h·μ̂ is a frequency prior that the loss sets:
     it raises or lowers the rare tokens against the frequent ones."""
-    W = W.double()
-    mu = W.mean(0)
-    return W @ mu / mu.square().sum()
+    mu = W.double().mean(0)
+    return W.double() @ mu / mu.square().sum()
 
 
 def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
@@ -56,21 +52,16 @@ def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
 
 def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
     """How often each token id < vocab_size occurs in the training shards of data_dir (V,)."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for path in data.shard_paths(data_dir, "train"):
-        counts += np.bincount(data.read_shard(path), minlength=vocab_size)[:vocab_size]
-    return torch.from_numpy(counts)
+    return torch.from_numpy(sum(np.bincount(data.read_shard(path), minlength=vocab_size)
+                                [:vocab_size] for path in data.shard_paths(data_dir, "train")))
 
 
 def run_rarity(args) -> dict:
-    """Why h̄ does or does not reach along μ (reach_along_mu derives it): each row's reach
-    aᵢ = eᵢ·μ̂/‖μ‖ by how often its token occurs in the training shards, its mean over the
-    training targets, and B_ratio (the paper's Table 5: small when every eᵢ·μ lies near ‖μ‖²);
-    over N validation tokens, the mean hidden state: ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ).
-
-    h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and the final LayerNorm's gain g bounds that in turn: ‖h‖ = ‖g ⊙ z‖
-    with z of unit RMS, so RMS ‖h‖ ≈ ‖g‖ (ln_f_gain_norm) when the residual's variance spreads
-    evenly over its coordinates, and less when it sits where g is small."""
+    """Each row's reach aᵢ (reach_along_mu) by its token's count in the training shards, its mean
+    over the training targets, B_ratio (the paper's Table 5: small when every eᵢ·μ lies near
+    ‖μ‖²); over N validation tokens in float32: ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ). h̄·μ̂ ≤ ‖h̄‖ ≤
+    RMS ‖h‖, and ‖h‖ = ‖g ⊙ z‖ (g: the final LayerNorm's gain, z of unit RMS) is ≈ ‖g‖ when the
+    residual's variance spreads evenly over its coordinates, less when it sits where g is small."""
     (gpt, cfg, step), = analyze.models(args)
     data_dir = args.data or cfg.get("data")
     if not data_dir:
@@ -84,9 +75,8 @@ def run_rarity(args) -> dict:
     buckets, targets = reach_by_frequency(reach, counts)
     residual = []  # ln_f's input x, the residual stream: where its variance sits
     hook = gpt.ln_f.register_forward_pre_hook(lambda _, x: residual.append(x[0].flatten(0, 1)))
-    H, _ = analyze.hidden_states(gpt, cfg, args, args.tokens)
+    H = analyze.hidden_states(gpt, cfg, args, args.tokens)[0].double()
     hook.remove()
-    H = H.double()
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
                   h_mean_norm=H.mean(0).norm().item(),
@@ -96,8 +86,8 @@ def run_rarity(args) -> dict:
                   residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
                                                gpt.ln_f.weight.detach().double()))
     columns = ("counts", "rows", "reach_mean", "reach_std")
-    analyze.print_table([[b[c] for c in columns] for b in buckets], columns,
-                f"rarity: {analyze.describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count of token i")
+    analyze.print_table([[b[c] for c in columns] for b in buckets], columns, f"rarity: "
+                        f"{analyze.describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count")
     names = ("mu_norm", "target_reach", "target_reach_std", "B_ratio", "h_mean_norm",
              "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
     analyze.print_table([(name, result[name]) for name in names], ("quantity", "value"),
@@ -107,38 +97,45 @@ def run_rarity(args) -> dict:
                 "the residual stream's largest coordinates: their share of its mean square "
                 "over the tokens, and the final LayerNorm's gain on them")
     if args.plot:
-        plot_reach(reach.cpu().numpy(), counts.numpy(), args.plot)
+        plot_reach(reach.cpu().numpy(), counts.numpy(), f"{analyze.describe(args, cfg, step)}\n"
+                   f"each output row's reach along μ (‖μ‖ = {mu_norm:.0f})", args.plot)
     return result
 
 
 def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
-    """The k coordinates of X (N×D) with the largest mean square, each with its share of the
-    total mean square and the gain g on it. A few coordinates that carry nearly all of it
-    ("massive activations") take LayerNorm's unit variance for themselves, so every other
-    coordinate of h comes out small, and h itself is as small as their gains."""
+    """The k coordinates of X (N×D) of largest mean square: their share of it, the gain g on them.
+    A few that carry nearly all of it take LayerNorm's unit variance: h is as small as g there."""
     energy = X.square().mean(0)
     share, index = (energy / energy.sum()).topk(min(k, len(energy)))
     return [dict(coordinate=i, share=s, gain=gain[i].item())
             for s, i in zip(share.tolist(), index.tolist())]
 
 
-def plot_reach(reach: np.ndarray, counts: np.ndarray, path: str) -> None:
-    """Each row's reach along μ against its token's training count (never seen drawn at 0.5)."""
-    fig, ax = analyze.new_axes()
-    ax.scatter(np.maximum(counts, 0.5), reach, s=2, alpha=0.3, color="tab:blue", linewidths=0)
-    ax.axhline(1, color="purple", linestyle="--", label="aᵢ = 1: the row shares μ")
-    ax.axhline(0, color="black", linestyle=":", label="0")
-    ax.set_xscale("log")
-    ax.set(xlabel="training count of token i (never seen: drawn at 0.5)",
-           ylabel="reach along μ, aᵢ = eᵢ·μ̂ / ‖μ‖")
-    ax.legend(fontsize="small")
+def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> None:
+    """Each row's reach along μ against its token's training count; the rows of tokens never
+    seen, which a log axis cannot place, jittered in a strip of their own at the left."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    fig, (strip, ax) = plt.subplots(1, 2, sharey=True, figsize=(7.6, 4.4), width_ratios=(1, 5),
+                                    layout="constrained")
+    never = counts == 0
+    strip.scatter(np.random.default_rng(0).uniform(-1, 1, never.sum()), reach[never], s=2,
+                  alpha=0.3, color="tab:gray", linewidths=0)
+    strip.set(xlim=(-1.5, 1.5), xticks=[0], ylabel="reach along μ, aᵢ = eᵢ·μ̂ / ‖μ‖",
+              xticklabels=[f"never seen\n({never.sum():,} rows,\njittered)"])
+    ax.scatter(counts[~never], reach[~never], s=2, alpha=0.3, color="tab:blue", linewidths=0)
+    ax.set(xscale="log", xlabel="training count of token i")
+    for axes in (strip, ax):
+        axes.axhline(1, color="purple", linestyle="--", label="aᵢ = 1: the row shares μ")
+    fig.suptitle(title, fontsize=9)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", fontsize="small")
     analyze.save_figure(fig, path)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    _, measurement = analyze.shared_options()
-    p = argparse.ArgumentParser(description=__doc__, parents=[measurement,
-                                analyze.model_source(required=True)],
+    p = argparse.ArgumentParser(description=__doc__, parents=[
+                                analyze.shared_options()[1], analyze.model_source(required=True)],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     args = p.parse_args(argv)
     args.command, args.tokens = "rarity", args.tokens or analyze.DEFAULTS["tokens"]

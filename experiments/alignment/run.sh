@@ -11,7 +11,8 @@
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
 # so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
 # One core per run, two runs at once. Then experiments/alignment/results/ gets results.csv, curves_<v>.png
-# and, for each baseline, rarity_<v>.json and .png (rarity.py: what holds h̄·μ̂).
+# and, for each baseline, rarity_<v>.json and .png (rarity.py: what holds h̄·μ̂); last, the page
+# experiments/alignment/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/alignment}
@@ -48,3 +49,4 @@ for v in "${variants[@]}"; do
     python experiments/alignment/rarity.py --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
         --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"
 done
+python experiments/pages.py alignment

@@ -1,14 +1,7 @@
-"""The related work's embedding geometry, measured on train.py's runs of this model.
-
-    tying       --tied DIR --untied DIR   tied vs untied embeddings, output side's gradient share
-    signatures  --run DIR                 embeddings vs probability signatures (context staircase)
-    trivial     --out DIR                 the `repeat` task over growing vocabularies (train.py)
-
-e.g. python experiments/geometry/geometry.py signatures --run out --plot signatures.png
-
-Run folders, --json, --plot, --device and the error handling are analyze.py's (whose checks
-are this paper's own); all measurements run in float64. Notation: an embedding matrix has one
-row per token; "centred" means its mean row subtracted.
+"""The related work's embedding geometry, measured on train.py's runs of this model: tied vs
+untied embeddings (tying), embeddings vs probability signatures (signatures), the `repeat` task
+over growing vocabularies (trivial). What each measures: experiments/geometry/README.md. Run
+folders, --json, --plot, --device and the error handling are analyze.py's; all in float64.
 """
 import argparse
 import json
@@ -30,43 +23,23 @@ import prepare
 import store
 from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_models, save_figure
 
-DEFAULTS = dict(
-    knn=10,              # neighbours in the k-NN overlap of `tying`
-    top_k=512,           # most frequent tokens kept by `tying` and `signatures`
-    sig_tokens=2_000_000,  # training tokens counted for the signatures
-    offsets=(1, -1, -2, -3),  # +1: label signature P(next | token); −k: context P(x₋ₖ | token)
-    trivial_vocabs=(16, 256, 4096),  # at tiny's D = 64: below, 4× and 64× above D
-    trivial_size="tiny",
-    trivial_steps=200,
-    trivial_seq_len=32,
-    trivial_tokens=200_000,
-    trivial_batch=16,
-    trivial_train=("--lr", "3e-3", "--eval_every", "0", "--log_every", "50",
-                   "--save_every", "1000"),
-)
+TRIVIAL_TRAIN = ("--lr", "3e-3", "--eval_every", "0", "--log_every", "50", "--save_every", "1000")
 
-
-# ── embedding geometry (pure, float64) ────────────────────────────────────────────────────────
 
 def centred(A: torch.Tensor) -> torch.Tensor:
     """A minus its mean row: removes the common shift (μ) that dominates raw cosines."""
     return A - A.mean(0)
 
 
-def row_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """cos(aᵢ, bᵢ) for every row i."""
+def row_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:  # cos(aᵢ, bᵢ) per row i
     return torch.nn.functional.cosine_similarity(A, B, dim=1, eps=1e-300)
 
 
 def alignment(A: torch.Tensor, B: torch.Tensor) -> dict:
-    """How well the rows of A (n×d) map onto the rows of B (n×d'), both centred first.
-
-    Mean over rows i of cos(aᵢ M, bᵢ) for three maps M:
-      identity     M = I (needs d = d'): the same coordinates,
-      procrustes   M = argmin_{MᵀM = I} ‖A M − B‖_F = U Vᵀ with U Σ Vᵀ = Aᵀ B (needs d = d'):
-                   equal to 1 when B is a rotated copy of A,
-      lstsq        M = argmin ‖A M − B‖_F (any linear map; ≥ procrustes in fit, not in cosine).
-    """
+    """How well the rows of A (n×d) map onto those of B (n×d'), both centred: the mean over rows
+    of cos(aᵢ M, bᵢ) for M = I (identity, d = d'), the best rotation (procrustes, d = d':
+    argmin_{MᵀM = I} ‖A M − B‖_F = U Vᵀ with U Σ Vᵀ = Aᵀ B, 1 for a rotated copy) and the best
+    linear map (lstsq: argmin ‖A M − B‖_F, ≥ procrustes in fit, not in cosine)."""
     A, B = centred(A), centred(B)
     out = {}
     if A.shape[1] == B.shape[1]:
@@ -80,31 +53,22 @@ def alignment(A: torch.Tensor, B: torch.Tensor) -> dict:
 def nearest_neighbours(A: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (n×k) of each row's k most cosine-similar other rows, rows centred first."""
     X = torch.nn.functional.normalize(centred(A), dim=1)
-    sim = X @ X.T
-    sim.fill_diagonal_(-math.inf)
-    return sim.topk(k, dim=1).indices
+    return (X @ X.T).fill_diagonal_(-math.inf).topk(k, dim=1).indices
 
 
-def knn_overlap(A: torch.Tensor, B: torch.Tensor, k: int = DEFAULTS["knn"]) -> float:
-    """Mean over rows of |N_A(i) ∩ N_B(i)| / k, N(i) the k nearest neighbours by cosine.
-
-    Invariant under any rotation (and scaling) of either matrix: 1 for a rotated copy.
-    """
+def knn_overlap(A: torch.Tensor, B: torch.Tensor, k: int = 10) -> float:
+    """Mean over rows of |N_A(i) ∩ N_B(i)| / k, N(i) the k nearest neighbours by cosine;
+    invariant under any rotation (and scaling) of either matrix: 1 for a rotated copy."""
     n_a, n_b = nearest_neighbours(A, k), nearest_neighbours(B, k)
     shared = (n_a[:, :, None] == n_b[:, None, :]).any(2).sum(1)
     return (shared.double() / k).mean().item()
 
 
 def signature(tokens: np.ndarray, vocab_ids: np.ndarray, offset: int) -> np.ndarray:
-    """Probability signature S (K×K) of the K tokens `vocab_ids` at a position offset.
-
-        S[a, b] = P(x_{t+offset} = b | x_t = a)
-
-    offset = +1 is the label signature P(next | token); offset = −k the context signature
-    P(token k places back | token). Estimated by counting over the token stream; the
-    conditioning counts every position t whose partner t + offset exists, so a row sums to the
-    share of partners that fall inside the K tokens (exactly 1 when K covers the vocabulary).
-    """
+    """Probability signature S[a, b] = P(x_{t+offset} = b | x_t = a) (K×K) of the K tokens
+    `vocab_ids`: offset +1 the label signature P(next | token), −k the context signature
+    P(token k places back | token), counted over the stream at every t whose partner exists, so
+    a row sums to the share of partners inside the K tokens (1 when K covers the vocabulary)."""
     k = abs(offset)
     current, partner = (tokens[:-k], tokens[k:]) if offset > 0 else (tokens[k:], tokens[:-k])
     index = np.full(int(max(tokens.max(), vocab_ids.max())) + 1, -1, dtype=np.int64)
@@ -117,22 +81,14 @@ def signature(tokens: np.ndarray, vocab_ids: np.ndarray, offset: int) -> np.ndar
     return pairs / np.maximum(rows, 1)[:, None]
 
 
-def cosine_similarity_matrix(X: torch.Tensor) -> torch.Tensor:
-    """Sᵢⱼ = cos(xᵢ, xⱼ) over the rows of X."""
-    X = torch.nn.functional.normalize(X, dim=1, eps=1e-300)
-    return X @ X.T
-
-
 def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
-    """Pearson correlation of the off-diagonal entries of the two cosine-similarity matrices.
-
-    A representational-similarity score in [−1, 1]: 1 when the K×K similarity structures of X
-    and Y agree up to an affine map, ≈ 0 when unrelated. Callers pass centred embeddings (so the
-    common shift μ does not make every pair similar) and raw signature rows (probabilities).
-    """
+    """Pearson r of the off-diagonal entries of the rows' cosine matrices cos(xᵢ, xⱼ) and
+    cos(yᵢ, yⱼ): 1 when the K×K similarity structures agree up to an affine map, ≈ 0 when
+    unrelated. Callers pass centred embeddings (so that μ does not make every pair similar)."""
     i, j = torch.triu_indices(len(X), len(X), offset=1)
-    sx, sy = cosine_similarity_matrix(X)[i, j], cosine_similarity_matrix(Y)[i, j]
-    return torch.corrcoef(torch.stack((sx, sy)))[0, 1].item()
+    cosines = [(Z @ Z.T)[i, j] for Z in (torch.nn.functional.normalize(M, dim=1, eps=1e-300)
+                                         for M in (X, Y))]
+    return torch.corrcoef(torch.stack(cosines))[0, 1].item()
 
 
 def training_tokens(data_dir: str, n_tokens: int) -> np.ndarray:
@@ -154,62 +110,41 @@ def frequent_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     return order[: min(k, int((counts > 0).sum()))]
 
 
-# ── subcommands ───────────────────────────────────────────────────────────────────────────────
-
 def tied_gradient_split(gpt: model.GPT, x: torch.Tensor, y: torch.Tensor):
-    """(∇ from the LM head, ∇ from the input embedding) of the loss on one batch, each V×D.
-
-    The input side is the embedding lookup's gradient: ∂L/∂x at every position, added to the
-    row of its token. With tying, the output side is the rest of the shared matrix's gradient;
-    untied, it is the output matrix's own gradient.
-    """
-    embedded = {}
-
-    def keep_output(module, inputs, output):
-        output.retain_grad()
-        embedded["x"] = output
-
-    handle = gpt.wte.register_forward_hook(keep_output)
+    """(∇ from the LM head, ∇ from the input embedding) of the loss on one batch, each V×D: the
+    input side is ∂L/∂x at every position added to its token's row; the output side is the rest
+    of the shared matrix's gradient (tied) or the output matrix's own gradient (untied)."""
+    embedded = []  # the lookup's output, kept with its gradient (append, retain_grad: None)
+    hook = gpt.wte.register_forward_hook(lambda _, __, x: embedded.append(x) or x.retain_grad())
+    gpt.zero_grad(set_to_none=True)
     try:
-        gpt.zero_grad(set_to_none=True)
         with torch.enable_grad():
-            loss, _ = gpt(x, y)
-            loss.backward()
+            gpt(x, y)[0].backward()
     finally:
-        handle.remove()
-    dx = embedded["x"].grad
-    from_input = torch.zeros_like(gpt.wte.weight).index_add_(0, x.flatten(), dx.flatten(0, 1))
+        hook.remove()
+    dx = embedded[0].grad.flatten(0, 1)
+    from_input = torch.zeros_like(gpt.wte.weight).index_add_(0, x.flatten(), dx)
     from_output = gpt.output_weight.grad - (from_input if gpt.config.tie else 0)
     gpt.zero_grad(set_to_none=True)
     return from_output.double(), from_input.double()
 
 
 def output_share(from_output: torch.Tensor, from_input: torch.Tensor) -> dict:
-    """How much of the embedding gradient comes from the LM head (tied: both parts act on one
-    matrix; untied: on the output and the input matrix), Frobenius norms over V×D:
-        share_norm   = ‖∇_out‖ / (‖∇_out‖ + ‖∇_in‖)
-        share_energy = ‖∇_out‖² / (‖∇_out‖² + ‖∇_in‖²)
-        cos_out_in   = ⟨∇_out, ∇_in⟩ / (‖∇_out‖·‖∇_in‖)
-    These are raw gradients: Adam rescales each coordinate before it updates."""
+    """How much of the embedding gradient comes from the LM head, Frobenius norms over V×D (raw
+    gradients: Adam rescales each coordinate): share_norm = ‖∇_out‖ / (‖∇_out‖ + ‖∇_in‖),
+    share_energy = ‖∇_out‖² / (‖∇_out‖² + ‖∇_in‖²), cos_out_in = ⟨∇_out, ∇_in⟩/(‖∇_out‖‖∇_in‖)."""
     out_norm, in_norm = from_output.norm(), from_input.norm()
     return dict(share_norm=(out_norm / (out_norm + in_norm)).item(),
                 share_energy=(out_norm ** 2 / (out_norm ** 2 + in_norm ** 2)).item(),
                 cos_out_in=((from_output * from_input).sum() / (out_norm * in_norm)).item())
 
 
-def embedding_geometry(A: torch.Tensor, B: torch.Tensor, k: int) -> dict:
-    return dict(**alignment(A, B), knn_overlap=knn_overlap(A, B, k))
-
-
 def run_tying(args) -> dict:
     """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share.
 
-    Geometry compares three V×D matrices over the K most frequent training tokens: the tied
-    matrix T and the untied run's input matrix E_in and output matrix E_out. Their starting
-    points are not independent: with the paper's init (model.py) and equal seeds, T starts as
-    the very Xavier draw that E_out starts from. So where both runs kept a step-0 snapshot the
-    table also compares the moves since init, ΔT = T − T₀ etc., which carry no shared start.
-    """
+    Over the K most frequent training tokens: the tied matrix T, the untied input and output
+    matrices. With model.py's init and equal seeds T starts as the very draw E_out starts from,
+    so where both runs kept a step-0 snapshot the moves since init (T − T₀ …) are compared too."""
     (tied, tied_cfg, tied_step), = run_models(args.tied, args.device, all_steps=False)
     (untied, _, untied_step), = run_models(args.untied, args.device, all_steps=False)
     if not tied.config.tie or untied.config.tie:
@@ -222,30 +157,28 @@ def run_tying(args) -> dict:
                 (("tied", tied_model.wte.weight), ("untied input", untied_model.wte.weight),
                  ("untied output", untied_model.output_weight))}
 
+    measure = lambda A, B: dict(**alignment(A, B), knn_overlap=knn_overlap(A, B, args.knn))
     pairs = (("tied", "untied input"), ("tied", "untied output"), ("untied input", "untied output"))
     final = matrices(tied, untied)
-    geometry = {f"{a} vs {b}": embedding_geometry(final[a], final[b], args.knn) for a, b in pairs}
+    geometry = {f"{a} vs {b}": measure(final[a], final[b]) for a, b in pairs}
     starts = [Path(run) / "ckpt_step0000000.pt" for run in (args.tied, args.untied)]
     if all(path.is_file() for path in starts):
         start = matrices(*(load_checkpoint(path, args.device)[0] for path in starts))
         for a, b in pairs:
-            geometry[f"{a} vs {b} at init"] = embedding_geometry(start[a], start[b], args.knn)
-            geometry[f"Δ{a} vs Δ{b} since init"] = embedding_geometry(
-                final[a] - start[a], final[b] - start[b], args.knn)
-    columns = ("identity", "procrustes", "lstsq", "knn_overlap")
-    D = tied.config.n_embd
-    note = (f"; note: K ≤ D = {D}, so a linear map fits any K points: raise --top_k"
-            if len(ids) <= D else "")
-    print_table([[name, *(g[c] for c in columns)] for name, g in geometry.items()],
-                ("matrices", *columns),
-                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, "
-                f"K = {len(ids)} most frequent tokens; tied step {tied_step}, "
-                f"untied step {untied_step}{note}")
+            geometry[f"{a} vs {b} at init"] = measure(start[a], start[b])
+            geometry[f"Δ{a} vs Δ{b} since init"] = measure(final[a] - start[a], final[b] - start[b])
+    note = (f"; K ≤ D = {tied.config.n_embd}: a linear map fits any K points, raise --top_k"
+            if len(ids) <= tied.config.n_embd else "")
+    print_table([[name, *g.values()] for name, g in geometry.items()],
+                ("matrices", *next(iter(geometry.values()))),
+                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, K = "
+                f"{len(ids)} most frequent tokens; tied step {tied_step}, untied {untied_step}"
+                + note)
     shares = []
     for name, run in (("tied", args.tied), ("untied", args.untied)):
         for gpt, cfg, step in run_models(run, args.device, all_steps=True):
-            seq_len = args.seq_len or int(cfg["seq_len"])
-            x, y = data.ShardLoader(data_dir, args.batch_size, seq_len).next_batch()
+            x, y = data.ShardLoader(data_dir, args.batch_size,
+                                    args.seq_len or int(cfg["seq_len"])).next_batch()
             split = tied_gradient_split(gpt, x.to(args.device), y.to(args.device))
             shares.append(dict(run=name, step=step, **output_share(*split)))
     print_table([list(s.values()) for s in shares], list(shares[0]),
@@ -259,20 +192,17 @@ def run_tying(args) -> dict:
 def run_signatures(args) -> dict:
     """Alignment of the embeddings' similarity structure with each probability signature.
 
-    Per checkpoint and per signature S (K×K, see `signature`), the similarity_alignment of the
-    centred input (or output) embeddings of the K most frequent training tokens with the rows of
-    S. What to expect: an input embedding x is trained through what follows it, so its
-    first-order signature is the label one (+1); an output embedding eᵧ is pulled towards the
-    hidden states of the contexts that precede y, so its first-order signature is P(x₋₁ | y)
-    (−1). The context staircase is the higher orders (−2, −3, …) catching up later."""
+    Per checkpoint and signature S, the similarity_alignment of the centred input (or output)
+    embeddings of the K most frequent training tokens with the rows of S. An input embedding is
+    trained through what follows it (+1); an output embedding eᵧ is pulled towards the hidden
+    states of the contexts before y (−1); the higher orders (−2, −3, …) catch up later."""
     snapshots = run_models(args.run, args.device, all_steps=True)
     first = next(snapshots)
     tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
-    too_far = [o for o in args.offsets if abs(o) >= len(tokens)]
+    too_far = " ".join(str(o) for o in args.offsets if abs(o) >= len(tokens))
     if too_far:
-        raise ValueError(f"--offsets {' '.join(map(str, too_far))} reach beyond the "
-                         f"{len(tokens)} training tokens counted; give offsets shorter than "
-                         f"that (or raise --sig_tokens)")
+        raise ValueError(f"--offsets {too_far} reach beyond the {len(tokens)} training tokens "
+                         "counted; give shorter offsets or raise --sig_tokens.")
     ids = frequent_tokens(tokens, args.top_k)
     signatures = {o: torch.from_numpy(signature(tokens, ids, o)) for o in args.offsets}
     rows = []
@@ -295,28 +225,15 @@ def run_signatures(args) -> dict:
 
 
 def repeat_floor(vocab: int, seq_len: int) -> float:
-    """The lowest mean loss this model can reach on prepare.py's `repeat` task, in nats per token,
-    when train.py's --seq_len equals the task's seq_len T (as `trivial` runs it).
-
-    The data: sequences of T copies of one token, each drawn uniformly and independently from
-    the V' allowed ids (V' = V, or V − 1 once the vocabulary holds EOT, which is left out). The
-    loader cuts windows of T + 1 tokens at multiples of T (data.ShardLoader; both splits start
-    at a sequence boundary), so the input x is one whole sequence a a … a and the targets are
-    y = a … a b: T − 1 copies of a, then the first token b of the next sequence (b = a with
-    probability 1/V').
-    The model: a window of equal tokens gives the same hidden state at every position. By
-    induction over the layers: if all rows entering a layer are equal, causal attention mixes
-    equal values with weights that sum to 1 (RoPE makes the weights depend on the relative
-    position, but there is no absolute position anywhere), and every other part acts row by
-    row, so all rows leaving it are equal too. So the model predicts one distribution q per
-    window, a function of a alone, for all T positions.
-    The floor: the expected loss of a window is −(1/T)·[(T − 1)·ln q_a + (1/V')·Σ_b ln q_b],
-    a cross-entropy against the window's target distribution
-        π_a = (T − 1 + 1/V') / T,   π_c = 1 / (V'·T) for each of the other V' − 1 tokens c,
-    which Gibbs' inequality minimises at q = π, so the floor is its entropy
-        H(π) = −π_a·ln π_a − (V' − 1)·π_c·ln π_c.
-    For T = 1 it is chance, ln V'; it lies above ln(V')/T (a model that knew the position
-    could predict a with certainty and pay ln V' only at the last one) for every T ≥ 2."""
+    """The lowest mean loss (nats/token) this model can reach on prepare.py's `repeat` task when
+    --seq_len is the task's T. Data: T copies of one token drawn from V' ids (V − 1 once the
+    vocabulary holds EOT, left out), cut into windows at multiples of T: x = a…a, y = a…a b with
+    b the next sequence's token. Model: equal tokens give one hidden state at every position (by
+    induction over the layers: attention mixes equal rows, RoPE is relative, the rest acts row by
+    row), so one q per window. A window's expected loss −(1/T)·[(T − 1)·ln q_a + (1/V')·Σ_b ln
+    q_b] is a cross-entropy against π_a = (T − 1 + 1/V')/T, π_c = 1/(V'·T) for the V' − 1 others,
+    minimised at q = π (Gibbs): H(π) = −π_a·ln π_a − (V' − 1)·π_c·ln π_c; ln V' at T = 1, above
+    ln(V')/T (a model that knew the position) for T ≥ 2."""
     choices = vocab - (vocab > data.EOT)
     p_same = (seq_len - 1 + 1 / choices) / seq_len
     p_other = 1 / (choices * seq_len)
@@ -327,41 +244,35 @@ def run_trivial(args) -> dict:
     """The gradient-bottleneck paper's trivial pattern: `repeat` sequences (one token repeated
     seq_len times) learned at a fixed width over growing vocabularies V.
 
-    Inside a sequence the next token is certain; only the last target of each window starts a
-    new sequence, uniform over ~V tokens. This model sees the same hidden state at every
-    position of such a window, so the best it can reach is `repeat_floor` (chance is ln V).
-    A token occurs in about steps·batch/V training sequences, so at a fixed number of
-    steps a large vocabulary is also a rarely seen one; --seqs_per_token S removes that
-    confound by training each V for max(--steps, ⌈S·V/batch⌉) steps. Each V gets fresh data
-    (prepare.py synthetic, enough that no sequence repeats) and its own run (train.py); both are
-    skipped when already there, so an interrupted sweep resumes."""
-    here, out = ROOT, Path(args.out)
-    batch, T = args.batch_size, args.seq_len
+    The best this model can reach is `repeat_floor` (chance: ln V). A token occurs in about
+    steps·batch/V training sequences, so --seqs_per_token S trains each V for
+    max(--steps, ⌈S·V/batch⌉) steps, lest a large vocabulary also be a rarely seen one. Each V
+    gets fresh data and its own run, both skipped when already there: a sweep resumes."""
+    out, batch, T = Path(args.out), args.batch_size, args.seq_len
     eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
         raise ValueError(f"--trivial_tokens {args.trivial_tokens} leaves less than one batch of "
                          f"{batch * T} validation tokens; raise it to at least {11 * batch * T}.")
     eval_tokens = eval_steps * batch * T
     all_steps = [max(args.steps, math.ceil(args.seqs_per_token * V / batch)) for V in args.vocabs]
-    print(f"trivial: {len(all_steps)} runs (V = {', '.join(map(str, args.vocabs))}) of "
-          f"{' + '.join(map(str, all_steps))} steps of {batch} × {T} tokens; train.py prints "
-          f"each run's ETA", flush=True)
+    print(f"trivial: runs of {' + '.join(map(str, all_steps))} steps of {batch} × {T} tokens "
+          f"(V = {', '.join(map(str, args.vocabs))}); train.py prints each run's ETA", flush=True)
     rows = []
     for V, steps in zip(args.vocabs, all_steps):
-        train_share = 1 - prepare.VAL_FRACTION
-        n_tokens = max(args.trivial_tokens, math.ceil(steps * batch * T / train_share))
+        n_tokens = max(args.trivial_tokens,  # enough that no training sequence repeats
+                       math.ceil(steps * batch * T / (1 - prepare.VAL_FRACTION)))
         data_dir = out / f"repeat_V{V}_T{T}_N{n_tokens}"
         run_dir = out / f"{args.size}_{args.head}_tie{int(args.tie)}_V{V}_steps{steps}"
         if not list(data_dir.glob("*val*.bin")):
-            run_script(here / "prepare.py", "synthetic", "--task", "repeat", "--vocab", V,
+            run_script(ROOT / "prepare.py", "synthetic", "--task", "repeat", "--vocab", V,
                        "--tokens", n_tokens, "--seq_len", T, "--out", data_dir, "--seed", args.seed)
         if not (run_dir / "summary.json").is_file():
-            run_script(here / "train.py", "--size", args.size, "--head", args.head,
+            run_script(ROOT / "train.py", "--size", args.size, "--head", args.head,
                        "--vocab_size", V, "--data", data_dir, "--out_dir", run_dir,
                        "--steps", steps, "--warmup", max(1, steps // 10), "--seq_len", T,
                        "--batch_size", batch, "--micro_batch", batch, "--eval_tokens", eval_tokens,
                        "--stat_tokens", eval_tokens, "--device", args.device, "--seed", args.seed,
-                       *(["--tie"] if args.tie else []), *DEFAULTS["trivial_train"],
+                       *(["--tie"] if args.tie else []), *TRIVIAL_TRAIN,
                        *args.train_args)  # train.py's argparse: a repeated option's last value wins
         summary = json.loads((run_dir / "summary.json").read_text())
         rows.append(dict(vocab=V, steps=steps, seqs_per_token=steps * batch / V,
@@ -372,75 +283,68 @@ def run_trivial(args) -> dict:
                 f"head {args.head}, tie {args.tie}, batches of {batch} sequences of {T}; "
                 "floor = the best this model can reach (repeat_floor), chance = ln V")
     if args.plot:
-        plot_trivial(rows, f"{args.size}, tie {args.tie}", args.plot)
+        plot_trivial(rows, f"repeat task, {args.size}, head {args.head}, tie {args.tie}, "
+                           f"{batch} × {T} tokens a step", args.plot)
     return dict(size=args.size, head=args.head, tie=args.tie, seq_len=T, batch_size=batch,
                 runs=rows)
 
 
 def run_script(script: Path, *argv) -> None:
     """Run a project script in its own Python process; a failure ends this command."""
-    done = subprocess.run([sys.executable, str(script), *map(str, argv)])
-    if done.returncode:
-        raise ValueError(f"{script.name} failed with exit code {done.returncode}; "
-                         "its message is printed above.")
+    code = subprocess.run([sys.executable, str(script), *map(str, argv)]).returncode
+    if code:
+        raise ValueError(f"{script.name} failed with exit code {code}; its message is above.")
 
 
-def plot_trivial(rows: list[dict], size: str, path: str) -> None:
+def plot_trivial(rows: list[dict], title: str, path: str) -> None:
     fig, ax = new_axes()
     V = [r["vocab"] for r in rows]
-    ax.plot(V, [r["val_loss"] for r in rows], marker="o", label=f"{size}: final validation loss")
+    ax.plot(V, [r["val_loss"] for r in rows], marker="o", label="final validation loss")
     ax.plot(V, [r["chance"] for r in rows], linestyle="--", color="0.5", label="chance, ln V")
     ax.plot(V, [r["floor"] for r in rows], linestyle=":", color="black",
             label="best this model can reach (one prediction per window)")
-    ax.set(xscale="log", xlabel="vocabulary size V", ylabel="loss (nats)",
-           title="repeat task at a fixed width")
+    ax.set(xscale="log", xlabel="vocabulary size V", ylabel="loss (nats)", title=title)
     ax.legend(fontsize="small")
     save_figure(fig, path)
 
 
-
-
 # ── CLI ───────────────────────────────────────────────────────────────────────────────────────
-
-COMMANDS = dict(tying=run_tying, signatures=run_signatures, trivial=run_trivial)
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     output, measurement = analyze.shared_options()
-    positive_int = analyze.positive_int
+    count = store.positive_int
     token_set = argparse.ArgumentParser(add_help=False)
-    token_set.add_argument("--top_k", type=positive_int, default=DEFAULTS["top_k"],
-                           help="keep the K most frequent training tokens")
-    token_set.add_argument("--sig_tokens", type=positive_int, default=DEFAULTS["sig_tokens"],
-                           help="training tokens counted")
-
+    token_set.add_argument("--top_k", type=count, default=512, help="the K most frequent tokens")
+    token_set.add_argument("--sig_tokens", type=count, default=2_000_000, help="tokens counted")
     sub = p.add_subparsers(dest="command", required=True)
     tying = sub.add_parser("tying", parents=[measurement, token_set], help=run_tying.__doc__)
     tying.add_argument("--tied", required=True, help="run folder trained with --tie")
     tying.add_argument("--untied", required=True, help="run folder trained without --tie")
-    tying.add_argument("--knn", type=positive_int, default=DEFAULTS["knn"])
+    tying.add_argument("--knn", type=count, default=10, help="neighbours in the k-NN overlap")
     signatures = sub.add_parser("signatures", parents=[measurement, token_set],
                                 help=run_signatures.__doc__)
     signatures.add_argument("--run", required=True, help="a train.py run folder")
-    signatures.add_argument("--offsets", type=int, nargs="+", default=list(DEFAULTS["offsets"]),
+    signatures.add_argument("--offsets", type=int, nargs="+", default=[1, -1, -2, -3],
                             help="+1 = label signature, -k = context k tokens back")
-    trivial = sub.add_parser("trivial", parents=[output], help=run_trivial.__doc__.split("\n\n")[0])
-    trivial.add_argument("--out", required=True, help="folder for the data and runs")
-    trivial.add_argument("--vocabs", type=positive_int, nargs="+",
-                         default=list(DEFAULTS["trivial_vocabs"]))
-    trivial.add_argument("--size", choices=list(model.SIZES), default=DEFAULTS["trivial_size"])
-    trivial.add_argument("--head", choices=heads.HEADS, default=analyze.DEFAULTS["head"])
-    trivial.add_argument("--tie", action="store_true", help="tied embeddings")
-    trivial.add_argument("--steps", type=positive_int, default=DEFAULTS["trivial_steps"])
-    trivial.add_argument("--seq_len", type=positive_int, default=DEFAULTS["trivial_seq_len"])
-    trivial.add_argument("--batch_size", type=positive_int, default=DEFAULTS["trivial_batch"])
-    trivial.add_argument("--seqs_per_token", type=store.non_negative_float, default=0.0,
-                         help="train each V for at least S·V/batch steps (equal exposure)")
-    trivial.add_argument("--trivial_tokens", type=positive_int, default=DEFAULTS["trivial_tokens"])
-    trivial.add_argument("--train_args", nargs=argparse.REMAINDER, default=[],
-                         help="everything after this goes to train.py as is (e.g. --lr 3e-3)")
+    trivial = sub.add_parser("trivial", parents=[output],
+                             help=run_trivial.__doc__.split("\n\n")[0])
+    a = trivial.add_argument
+    a("--out", required=True, help="folder for the data and runs")
+    a("--vocabs", type=count, nargs="+", default=[16, 256, 4096],
+      help="vocabularies V (at tiny's D = 64: below, 4× and 64× above D)")
+    a("--size", choices=list(model.SIZES), default="tiny")
+    a("--head", choices=heads.HEADS, default="baseline")
+    a("--tie", action="store_true", help="tied embeddings")
+    a("--steps", type=count, default=200)
+    a("--seq_len", type=count, default=32)
+    a("--batch_size", type=count, default=16)
+    a("--seqs_per_token", type=store.non_negative_float, default=0.0,
+      help="train each V for at least S·V/batch steps (equal exposure)")
+    a("--trivial_tokens", type=count, default=200_000)
+    a("--train_args", nargs=argparse.REMAINDER, default=[],
+      help="everything after this goes to train.py as is (e.g. --lr 3e-3)")
     args = p.parse_args(argv)
     if any(o == 0 for o in getattr(args, "offsets", [1])):
         p.error("--offsets must be non-zero (+1 next token, -k context k tokens back)")
@@ -448,7 +352,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    return analyze.execute(parse_args(argv), COMMANDS, "geometry.py")
+    return analyze.execute(parse_args(argv), dict(tying=run_tying, signatures=run_signatures,
+                                                  trivial=run_trivial), "geometry.py")
 
 
 if __name__ == "__main__":

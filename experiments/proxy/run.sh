@@ -31,3 +31,5 @@ python analyze.py logits --run "$(run baseline_lr1_tie0_bfloat16_seed0)" --dtype
     --tokens 1024 --offsets 0 10 30 100 300 1000 --json "$OUT/offsets_bf16.json"
 # the paper's own runs read the same way: table (iv), loss vs bf16 resolution of the logits
 python sweep.py table tests/data/oec_untied_runs.csv --out "$OUT/paper"
+# last, the page experiments/proxy/README.md from the results
+python experiments/pages.py proxy

@@ -1,0 +1,52 @@
+"""experiments/: every page is what pages.py writes from the committed results, byte for byte,
+and every command a page shows names a script that is there."""
+import re
+from pathlib import Path
+
+import pytest
+
+from experiments import pages
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+@pytest.mark.parametrize("name", pages.WRITTEN)
+def test_each_page_is_written_from_the_committed_results(name):
+    assert pages.render(name) == (EXPERIMENTS / name / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", (*pages.WRITTEN, "geometry"))
+def test_every_command_on_a_page_names_a_script_that_exists(name):
+    text = (EXPERIMENTS / name / "README.md").read_text()
+    scripts = re.findall(r"(?:python|bash) ((?:experiments|scripts)/\S+\.(?:py|sh))", text)
+    assert scripts and all((EXPERIMENTS.parent / s).is_file() for s in scripts), scripts
+    for figure in re.findall(r"\]\((results/\S+\.png)\)", text):
+        assert (EXPERIMENTS / name / figure).is_file(), figure
+
+
+def test_pages_read_numbers_as_floats_and_words_as_text(tmp_path):
+    (tmp_path / "t.csv").write_text("name,value,flag\nbf16,1e-3,false\n")
+    assert pages.read_csv(tmp_path / "t.csv") == [dict(name="bf16", value=1e-3, flag="false")]
+
+
+def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_path):
+    from experiments.mechanism import mechanism
+    results = EXPERIMENTS / "mechanism" / "results"
+    for name in ("gaps.csv", "curves.csv", "base.json"):
+        (tmp_path / name).write_bytes((results / name).read_bytes())
+    mechanism.main(["--from_results", "--out", str(tmp_path)])
+    assert (tmp_path / "table.md").read_text() == (results / "table.md").read_text()
+    for figure in ("gap_vs_L.png", "logit_mean_steps.png"):
+        assert (tmp_path / figure).stat().st_size > 10_000
+    (tmp_path / "gaps.csv").unlink()
+    with pytest.raises(SystemExit, match="lacks gaps.csv; run mechanism.py without --from_results"):
+        mechanism.main(["--from_results", "--out", str(tmp_path)])
+
+
+def test_pages_refuses_a_page_it_does_not_write():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(EXPERIMENTS / "pages.py"), "geometry"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == (
+        "pages.py: error: there is no page 'geometry'; name one of mechanism, alignment, proxy.\n")
