@@ -265,7 +265,7 @@ def load_checkpoint(path, map_location="cpu") -> dict:
 def _check_tokens(idx: torch.Tensor, config: GPTConfig) -> None:
     """Bad input in one sentence, not a shape error deep inside a layer: shape and length always,
     the id range on CPU only (on a GPU it costs a host sync and breaks the compiled graph;
-    train.py checks its shards' ids once, ShardLoader.check_vocab)."""
+    train.py checks its shards' ids once, store.check_vocab)."""
     if idx.dim() != 2 or idx.numel() == 0:
         raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
                          f"got shape {tuple(idx.shape)}.")

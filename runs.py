@@ -32,7 +32,9 @@ LOCK = ".lock"             # in the run folder: held (fcntl.flock) by the proces
 STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # store.open_atomic's temporary names
 # Settings that define what a run computes; --resume refuses a run folder that differs in any.
 RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
-                "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint")
+                "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint",
+                "data_order")
+OLD_DEFAULTS = {"data_order": "sequential"}  # what runs recorded before an option existed used
 # Settings that change only a step's rounding: --resume takes new ones and says so (it keeps
 # the recorded CPU thread count: choose_cpu_threads).
 ROUNDING = ("micro_batch", "world_size", "loss_chunk", "head_dtype", "compile", "tf32")
@@ -482,7 +484,8 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
 
 def refuse_other_settings(source, recorded: dict, config: dict):
     """Fail, naming them, if the run-defining settings recorded in source differ from config."""
-    keys = [key for key in RUN_DEFINING if recorded.get(key) != config[key]]
+    keys = [key for key in RUN_DEFINING
+            if recorded.get(key, OLD_DEFAULTS.get(key)) != config[key]]
     if keys:
         fail(f"--resume: the run of {source} was trained with {settings(recorded, keys)}, not "
              f"{settings(config, keys)}; resume with its own settings or choose another "

@@ -390,11 +390,11 @@ def cases(fx):
              ["analyze.py", "logits", "--run", "run", "--data", "/dev/null", "--tokens", "64"],
              setup=fx.copy_run, check=not_mentioning("--tokens", "does not exist")))
     add(Case("geometry.py signatures --offsets 1000000000", "robust",
-             ["geometry.py", "signatures", "--run", run, "--offsets", "1000000000",
+             ["experiments/geometry/geometry.py", "signatures", "--run", run, "--offsets", "1000000000",
               "--sig_tokens", "5000"]))
     for value in ("-1", "inf", "nan"):
         add(Case(f"geometry.py trivial --seqs_per_token {value}", "robust",
-                 ["geometry.py", "trivial", "--out", "t", "--vocabs", "16", "--steps", "1",
+                 ["experiments/geometry/geometry.py", "trivial", "--out", "t", "--vocabs", "16", "--steps", "1",
                   "--seqs_per_token", value], check=not_mentioning("cannot convert"),
                  lost=lambda w: "started prepare.py / train.py" if (w / "t").exists() else None))
 

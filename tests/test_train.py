@@ -453,6 +453,11 @@ def test_resume_refuses_other_settings_data_or_dtype_even_when_finished(markov_d
     assert "was trained with --lr 0.003 --steps 2, not --lr 0.01 --steps 3" in message
     assert "was trained with --dtype float32, not --dtype bfloat16" in \
         error_of(tiny(markov_data, run, "--resume", "--dtype", "bfloat16", steps=2), capsys)
+    assert "was trained with --data_order sequential, not --data_order random" in \
+        error_of(tiny(markov_data, run, "--resume", "--data_order", "random", steps=2), capsys)
+    config = json.loads((run / "config.json").read_text())
+    del config["data_order"]                             # a run recorded before the option
+    (run / "config.json").write_text(json.dumps(config))
     other = tmp_path / "other"                           # another Markov language
     prepare.prepare_synthetic("markov", vocab=64, n_tokens=40_000, out_dir=other, seq_len=32,
                               seed=1)
