@@ -16,6 +16,7 @@ OMP_NUM_THREADS=1. --json is rewritten atomically after every variant; a path th
 written, or a size that cannot fit in memory, ends in one sentence before anything is measured.
 """
 import argparse
+import contextlib
 import ctypes
 import functools
 import math
@@ -53,8 +54,7 @@ def parse_args(argv=None):
       help=f"model sizes, of {', '.join(SIZES)}")
     a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
       help="heads to time (the baseline is always added: overheads are relative to it)")
-    a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS,
-      metavar="PATH",
+    a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
       help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
     a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE,
       help="tokens per chunk of the chunked loss path")
@@ -75,19 +75,16 @@ def parse_args(argv=None):
     a("--loss_tokens", type=store.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
     a("--measure", action="store_true", help="also time the baseline's log step, evaluation "
-      "and final statistics (over --stat_tokens) against its training step")
-    a("--stat_tokens", type=store.positive_int, default=MEASURE_STAT_TOKENS,
-      help="tokens of --measure's final statistics")
-    a("--no_train", action="store_true",
-      help="skip the training step: only the LM head alone (--loss_tokens) or --measure")
+      "and final statistics over --stat_tokens tokens against its training step")
+    a("--stat_tokens", type=store.positive_int, default=MEASURE_STAT_TOKENS, help="see --measure")
+    a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
     a("--json", type=Path, default=None, help="write the results here (atomically)")
     args = p.parse_args(argv)
     device_type = runs.resolve_device(args, p.error)
     if device_type not in SHAPES:
         p.error(f"--device {args.device} is not supported; use cpu or cuda")
     for key, value in SHAPES[device_type].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+        setattr(args, key, getattr(args, key) or value)
     if args.no_train and not (args.loss_tokens or args.measure):
         p.error("--no_train leaves nothing to measure; add --loss_tokens N")
     if args.tf32 and device_type != "cuda":
@@ -96,8 +93,7 @@ def parse_args(argv=None):
         p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
                 f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
-    args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size,
-                                device_type)
+    args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size, device_type)
     for size in args.sizes:
         refuse_what_cannot_fit(args, size, device_type, p.error)
     return args
@@ -127,7 +123,7 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     of width D per layer; the head alone h and its gradient (8D), targets and float64 logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     train_tokens = args.micro_batch * args.seq_len
-    needs = [] if args.no_train else [(
+    needs = [] if args.no_train and not args.measure else [(
         train_tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
         f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {train_tokens:,} tokens "
         f"per step", "--micro_batch or --seq_len")]
@@ -189,7 +185,7 @@ def timed(device, work):
 
 
 def median_time(device, work, n):
-    return statistics.median(timed(device, work) for _ in range(n))
+    return statistics.median(timed(device, work) for _ in range(n))  # n ≥ 1
 
 
 def round_robin(variants, run_once, steps):
@@ -209,10 +205,6 @@ def round_robin(variants, run_once, steps):
 # ---------------------------------------------------------------------------------------------
 # The training step of train.py, per size, head and loss path
 
-LOSS_CHUNK_ARGS = {"plain": lambda args: ["--loss_chunk", "0"], "default": lambda args: [],
-                   "chunked": lambda args: ["--loss_chunk", str(args.chunk_size)]}
-
-
 class Variant:
     """One (head, loss path, head dtype) of a size: model, optimizer, step and evaluation
     forward exactly as train.py builds them, one micro-batch per step."""
@@ -223,7 +215,8 @@ class Variant:
              "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
              "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
              "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
-             *["--tf32"] * args.tf32, *LOSS_CHUNK_ARGS[impl](args),
+             *["--tf32"] * args.tf32, *{"plain": ["--loss_chunk", "0"], "default": [],
+                                         "chunked": ["--loss_chunk", str(args.chunk_size)]}[impl],
              *["--head_dtype", head_dtype] * (head_dtype != "auto")])
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
@@ -243,8 +236,9 @@ class Variant:
                        batches=[self.batch])
 
     def warm_up(self, n):
-        """Seconds of n steps and one evaluation forward (the first of each compiles)."""
-        return sum(timed(self.device, work) for work in [self.run_step] * n + [self.run_eval])
+        """Seconds of n steps, and of one evaluation forward (the first of each compiles)."""
+        return (sum(timed(self.device, self.run_step) for _ in range(n)),
+                timed(self.device, self.run_eval))
 
 
 def synthetic_batch(args, device):
@@ -260,40 +254,38 @@ def bench_size(args, size, publish):
     device = torch.device(args.device)
     print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …", flush=True)
     batch = synthetic_batch(args, device)
-    variants, warmup_s, alone, peaks, eval_s = {}, {}, {}, {}, {}
+    variants, alone, extra = {}, {}, {}
     keys = [(h, i, "auto") for h in args.heads for i in args.impls]
     keys += [("baseline", i, "float32") for i in args.impls if args.float32_head]
     for key in keys:
         variant = variants[key] = Variant(args, size, *key, batch)
-        warmup_s[key] = variant.warm_up(args.warmup)
+        warmup_s, eval_warmup_s = variant.warm_up(args.warmup)
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
-        eval_s[key] = median_time(device, variant.run_eval, args.steps)
-        peaks[key] = peak_memory(device, variant.run_step)
-        publish(train_rows(args, size, variants, alone, peaks, warmup_s, eval_s, "alone"))
+        extra[key] = {"peak_mem_bytes": peak_memory(device, variant.run_step),
+                      "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
+                      "eval_s": median_time(device, variant.run_eval, args.steps)}
+        publish(train_rows(args, size, variants, alone, extra, "alone"))
     in_turns = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
                            args.steps)
-    publish(train_rows(args, size, variants, in_turns, peaks, warmup_s, eval_s, "in turns"))
+    publish(train_rows(args, size, variants, in_turns, extra, "in turns"))
     del variants
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def train_rows(args, size, variants, samples, peaks, warmup_s, eval_s, timing):
-    """One row per timed variant: median step time, tokens/s, MFU, peak memory, the evaluation
-    forward's time, and the overheads of add_relative."""
+def train_rows(args, size, variants, samples, extra, timing):
+    """One row per timed variant: median step time, tokens/s, MFU, the extra measurements of
+    bench_size (peak memory, warm-up and evaluation times), and the overheads of add_relative."""
     peak = train.peak_flops(torch.device(args.device), args.dtype)
-    tokens = args.micro_batch * args.seq_len
-    rows = []
-    for key, timings in samples.items():
-        (head, impl, head_dtype), seconds = key, statistics.median(timings)
-        model = variants[key].raw
+    tokens, rows = args.micro_batch * args.seq_len, []
+    for (head, impl, head_dtype), timings in samples.items():
+        seconds, model = statistics.median(timings), variants[head, impl, head_dtype].raw
         flops_per_token = model.flops_per_token(args.seq_len)
         rows.append({"size": size, "head": head, "loss_impl": impl, "head_dtype": head_dtype,
                      "params": model.num_params(), "flops_per_token": flops_per_token,
                      "step_s": seconds, "tokens_per_s": tokens / seconds,
                      "mfu": flops_per_token * tokens / seconds / peak if peak else None,
-                     "peak_mem_bytes": peaks[key], "warmup_s": warmup_s[key],
-                     "eval_s": eval_s[key], "timing": timing})
+                     **extra[head, impl, head_dtype], "timing": timing})
     add_relative(rows, "step_s")
     return rows
 
@@ -328,7 +320,7 @@ def bench_measure(args, size, publish):
     print(f"{size}, measurements against the training step …", flush=True)
     batch = synthetic_batch(args, device)
     v = Variant(args, size, "baseline", "default", "auto", batch)
-    v.warm_up(max(1, args.warmup))
+    v.warm_up(max(1, args.warmup))  # a step first: the log step measures its result
     batches = [batch] * -(-args.stat_tokens // batch[1].numel())
     ctx = runs.Dist(0, 0, 1, device)
     works = {"step_s": v.run_step,
@@ -403,21 +395,17 @@ def gpu_anchors(head):
     """Liger Kernel's and Cut Cross-Entropy's fused linear CE for this head, where importable
     (optional, benchmark only; never a dependency of the project)."""
     anchors = {}
-    try:
+    with contextlib.suppress(ImportError, TypeError):  # not installed, or too old for softcap
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger = LigerFusedLinearCrossEntropyLoss(
             ignore_index=heads.IGNORE, **({"softcap": head.cap} if head.cap else {}),
             **({"lse_square_scale": head.lam} if head.name == "z_loss" else {}))
         anchors["liger"] = lambda h, w, y: liger(w, h, y)
-    except (ImportError, TypeError):  # not installed, or too old for softcap
-        pass
-    try:
+    with contextlib.suppress(ImportError):
         from cut_cross_entropy import linear_cross_entropy
         if head.name != "z_loss":  # CCE has a soft-cap but no z-loss
             anchors["cce"] = lambda h, w, y: linear_cross_entropy(
                 h, w, y, ignore_index=heads.IGNORE, softcap=head.cap)
-    except ImportError:
-        pass
     return anchors
 
 
@@ -437,9 +425,8 @@ def errors_vs_float64(name, loss_fn, h, weight, targets, amp):
 
 
 def bench_loss_path(args, size, publish):
-    """Rows for the head alone at this size's width: every head × loss path (ours and the
-    anchors), timed in turns, with the errors of loss and gradients against float64; handed
-    to publish(rows)."""
+    """publish(rows) for the head alone at this size's width: every head × loss path (ours and
+    the anchors), timed in turns, with the errors of loss and gradients against float64."""
     device = torch.device(args.device)
     print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
@@ -461,20 +448,19 @@ def bench_loss_path(args, size, publish):
     for name in args.heads:
         for path, loss_fn in loss_functions(name, args, device.type).items():
             errors[name, path] = errors_vs_float64(name, loss_fn, h, weight, targets, amp)
-            compiled = torch.compile(loss_fn) if args.compile else loss_fn
-            works[name, path] = forward_backward(compiled)
+            work = works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile
+                                                        else loss_fn)
             for _ in range(args.warmup):
-                works[name, path]()
+                work()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
     peaks = {key: peak_memory(device, work) for key, work in works.items()}
     seconds = {key: statistics.median(timings) for key, timings in samples.items()}
     torch_op = seconds.get(("baseline", "F.linear_ce"))
-    rows = []
-    for (name, path), peak_bytes in peaks.items():
-        rows.append({"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
-                     "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
-                     "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
-                     "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]})
+    rows = [{"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
+             "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
+             "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
+             "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]}
+            for (name, path), peak_bytes in peaks.items()]
     add_relative(rows, "time_s")
     publish(rows)
 

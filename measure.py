@@ -11,9 +11,8 @@ PRECISION_STATS = ("prec_ce_gap", "prec_err_cast", "prec_err_round")
 
 
 def spread(x):
-    """std over the last dimension, two passes: (1/V) Σᵢ (xᵢ − x̄)², which keeps float32's digits
-    where a common offset x̄ ≫ σ would cancel them in (1/V) Σ xᵢ² − x̄² (and is ~5× faster than
-    torch.std_mean on a CPU)."""
+    """std over the last dimension in two passes, √((1/V) Σᵢ (xᵢ − x̄)²): float32 keeps its digits
+    where a common offset x̄ ≫ σ would cancel them in (1/V) Σᵢ xᵢ² − x̄²."""
     return (x - x.mean(dim=-1, keepdim=True)).square_().mean(dim=-1).sqrt_()
 
 
@@ -35,9 +34,10 @@ def logit_stat_sums(logits):
 
 
 @torch.no_grad()
-def precision_stats(head, h, weight, targets, dtype):
+def precision_stats(head, h, weight, targets, dtype, chunk=64):
     """What the LM head loses to a matmul in `dtype` (bf16 under autocast), per token of h (N, D)
-    with targets (N,) (none -1), as float64 (3, N) in the order of PRECISION_STATS. With
+    with targets (N,) (none -1), as float64 (3, N) in the order of PRECISION_STATS, `chunk` tokens
+    at a time (temporaries of a few chunk × V floats). With
     l⁰ = W·h exact, lᶜ = ⌊W⌋·⌊h⌋ (inputs rounded to `dtype`, exact products), lʳ = ⌊⌊W⌋·⌊h⌋⌋
     (the matmul the head runs, its result rounded too) and σ = std over i of l⁰ᵢ:
         prec_err_cast  = std_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: bf16 keeps 8 significant bits of
@@ -49,26 +49,34 @@ def precision_stats(head, h, weight, targets, dtype):
                          (after the cap): what the loss pays for both; expm1/log1p keep its digits
     std over i, not rms: the part of an error common to all V logits of a token shifts them
     together, which softmax and the loss cannot see (heads' Prop. 3 (iii)); what is left is
-    what they can. The differences are formed in `wide`, 2¹⁶× finer than bf16's rounding (float32)
-    or than float32's (float64), so each statistic is within 1e-3 (relative) of float64's
-    (tested). Measured: ~5e-7 in float32, ~2e-3 to 1e-2 in bf16 for a trained head with l̄ of a
-    few units; μ = 0 removes the common offset's part of the rounding."""
+    what they can. l⁰, lᶜ and the differences are formed in `wide`, float32 for a bf16 matmul and
+    float64 for a float32 one, whose own rounding is ≥ 2¹⁶× finer than the rounding measured:
+    each statistic is within 1e-3 (relative) of float64's (tested). Measured: ~5e-7 in float32,
+    ~2e-3 to 1e-2 in bf16 for a trained head with l̄ of a few units; μ = 0 removes the common
+    offset's part of the rounding."""
     wide = torch.float64 if dtype == torch.float32 else torch.float32
     with torch.autocast(h.device.type, enabled=False):
-        h, weight = h.float(), weight.float()
-        h_low, w_low = h.to(dtype), weight.to(dtype)
-        exact = F.linear(h.to(wide), weight.to(wide))
-        cast = exact if dtype == torch.float32 else F.linear(h_low.to(wide), w_low.to(wide))
-        rounded = F.linear(h_low, w_low).to(wide)
-        capped = head.cap_logits(exact)
-        delta = (head.cap_logits(rounded) - capped).float()
-        delta -= delta.mean(dim=-1, keepdim=True)  # softmax cannot see a common part: drop it
-        p = torch.softmax(capped.float(), dim=-1)  # Σ p = 1 up to rounding, divided out below
-        ce_gap = (torch.log1p((p * torch.expm1(delta)).sum(dim=-1) / p.sum(dim=-1))
-                  - delta.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        sigma = spread(exact.float()).clamp(min=torch.finfo(torch.float32).tiny)
-        return torch.stack((ce_gap, spread((cast - exact).float()) / sigma,
-                            spread((rounded - cast).float()) / sigma)).double()
+        w_low = weight.float().to(dtype)
+        w_exact = weight.float().to(wide)
+        w_cast = w_exact if dtype == torch.float32 else w_low.to(wide)
+        return torch.cat([_precision_chunk(head, c.float(), t, dtype, w_exact, w_cast, w_low)
+                          for c, t in zip(h.split(chunk), targets.split(chunk))], dim=1)
+
+
+def _precision_chunk(head, h, targets, dtype, w_exact, w_cast, w_low):
+    wide, h_low = w_exact.dtype, h.to(dtype)
+    exact = F.linear(h.to(wide), w_exact)
+    cast = exact if w_cast is w_exact else F.linear(h_low.to(wide), w_cast)
+    rounded = F.linear(h_low, w_low).to(wide)
+    capped = head.cap_logits(exact)
+    delta = (head.cap_logits(rounded) - capped).float()
+    delta -= delta.mean(dim=-1, keepdim=True)  # softmax cannot see a common part: drop it
+    p = torch.softmax(capped.float(), dim=-1)  # Σ p = 1 up to rounding, divided out below
+    ce_gap = (torch.log1p((p * torch.expm1(delta)).sum(dim=-1) / p.sum(dim=-1))
+              - delta.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    sigma = spread(exact.float()).clamp(min=torch.finfo(torch.float32).tiny)
+    err_cast = torch.zeros_like(sigma) if cast is exact else spread((cast - exact).float()) / sigma
+    return torch.stack((ce_gap, err_cast, spread((rounded - cast).float()) / sigma)).double()
 
 
 def precision_stat_sums(head, h, weight, targets, dtype):

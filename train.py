@@ -123,7 +123,7 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
 # ---------------------------------------------------------------------------------------------
 # Measurements
 
-STAT_CHUNK = 256        # tokens per logits chunk: bounds memory to a few STAT_CHUNK × V floats
+STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 × V floats
 LOG_STAT_TOKENS = 128   # tokens of a log step's logit statistics
 PRECISION_STRIDE = 4    # the precision statistics take every 4th of those tokens (the costly ones)
 HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS  # logged and summarised per token
@@ -157,8 +157,7 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
             return measure.logit_stats(model.head.logits(chunk, weight))
     logit = torch.cat([logit_stats(c) for c in h.split(STAT_CHUNK)], dim=1)
     h_p, y_p = h[::PRECISION_STRIDE], y[::PRECISION_STRIDE]
-    precision = torch.cat([measure.precision_stats(model.head, c, weight, t, dtype)
-                           for c, t in zip(h_p.split(STAT_CHUNK), y_p.split(STAT_CHUNK))], dim=1)
+    precision = measure.precision_stats(model.head, h_p, weight, y_p, dtype, STAT_CHUNK)
     return torch.cat((logit.sum(dim=1), precision.sum(dim=1), logit.square().sum(dim=1),
                       precision.square().sum(dim=1), logit.new_tensor([len(h), len(h_p)]),
                       h.double().sum(dim=0)))
@@ -210,8 +209,8 @@ def final_head_stats(model: GPT, args, ctx: Dist, amp, batches=None) -> dict:
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
     """loss, grad_norm, ‖μ‖ and the head statistics of LOG_STAT_TOKENS tokens of this process's
-    last micro-batch (summed over processes): a log step costs about one training step's worth
-    of LOG_STAT_TOKENS tokens (bench.py --measure). Reads device values, so log steps only."""
+    last micro-batch (summed over processes; its cost against a step: bench.py --measure).
+    Reads device values, so log steps only."""
     sums = head_stat_sums(model, result.last_x, result.last_y, args, amp, LOG_STAT_TOKENS)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
             "mu_norm": mu_norm(model).item(), **head_stats(sums, model)}
