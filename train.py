@@ -138,11 +138,11 @@ def mu_norm(model: GPT) -> torch.Tensor:
 @torch.no_grad()
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
                    max_tokens: int | None = None) -> torch.Tensor:
-    """Over the tokens of x whose target is not -1 (with max_tokens, every k-th of them,
-    k = ⌈N / max_tokens⌉, spread over rows and positions): Σ x and Σ x² of each per-token
-    statistic x of HEAD_STATS (measure.logit_stats of the logits as the run computes them, on
-    every token; measure.precision_stats on every PRECISION_STRIDE-th), the two token counts,
-    then Σ h: float64 (2·7 + 2 + D,), to add over batches and processes."""
+    """Σ x and Σ x² of each per-token statistic x of HEAD_STATS, the two token counts, then Σ h,
+    float64 (2·7 + 2 + D,) to add over batches and processes, over the tokens of x whose target
+    is not -1 (with max_tokens, every k-th, k = ⌈N / max_tokens⌉, across rows and positions):
+    measure.logit_stats of the logits as the run computes them on each, measure.precision_stats
+    on every PRECISION_STRIDE-th."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
     keep = y.flatten() != heads.IGNORE
@@ -289,7 +289,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     model = run.model
     summary = {"head": args.head, "size": args.size, "lr": args.lr, "tie": args.tie,
                "lam": model.head.lam, "cap": model.head.cap, "steps": args.steps}
-    measure_start = time.perf_counter()
+    measure_start = time.perf_counter()  # the end-of-run measurements: measure_time_s
     if diverged_at is None:
         val_loss = last_val if last_val is not None else evaluate(run.compiled, args, ctx, amp)
         stats = final_head_stats(model, args, ctx, amp)
