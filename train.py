@@ -187,7 +187,7 @@ def evaluate(model, args, ctx: Dist, amp, batches=None) -> float:
     first --eval_tokens validation tokens); every rank scores its share, the sums are added."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # Σ CE, kept tokens
-    for x, y in batches or val_batches(args.eval_tokens, args, ctx):
+    for x, y in val_batches(args.eval_tokens, args, ctx) if batches is None else batches:
         x, y = x.to(ctx.device), y.to(ctx.device)
         with amp:
             _, stats = model(x, y)
@@ -202,8 +202,9 @@ def evaluate(model, args, ctx: Dist, amp, batches=None) -> float:
 def final_head_stats(model: GPT, args, ctx: Dist, amp, batches=None) -> dict:
     """HEAD_STATS, their standard errors and ALIGN_STATS over `batches` (default: the first
     --stat_tokens validation tokens; paper: 5·10⁵ logit vectors)."""
+    batches = val_batches(args.stat_tokens, args, ctx) if batches is None else batches
     sums = sum(head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
-               for x, y in batches or val_batches(args.stat_tokens, args, ctx))
+               for x, y in batches)
     return head_stats(sums, model, with_se=True)
 
 
