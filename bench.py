@@ -1,43 +1,22 @@
-"""Speed and memory of the training step and of the LM head's loss path.
+"""Speed and memory of train.py's training step, of the LM head's loss path and of the run's
+measurements (README, "Speed and memory": what each row means).
 
     python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
     python bench.py --sizes 16M 221M --loss_paths plain default chunked --json out/bench.json
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
+    python bench.py --device cpu --no_train --measure     # a log step, an evaluation, the final
+                                                          # statistics against a training step
 
-For every size, head and loss path (plain: heads.py's reference; default: what train.py runs on
-this device; chunked: fused_loss.chunked_loss with --chunk_size, our own loop for every head)
-this builds the model, optimizer, autocast and torch.compile setting exactly as train.py does and
-times train.train_step on synthetic tokens: warm-up steps first (the first compiles; warmup_s is
-their time), then --steps timed steps with a device sync before and after each, first alone (a
-provisional row), then, once every variant is ready, all variants of the size taking turns, one
-step each, in an order that rotates every round, so clock and thermal drift fall on all of them
-alike (the final rows). A default path that is the plain or the chunked one on this device is
-timed once, under that name. Reported per variant: the median step time, tokens/s, MFU (FLOPs
-counted by model.flops_per_token, attention and the LM head included, against the device's
-dense bf16 peak from train.py; none on CPU), the peak memory of a step, the warm-up time, and
-the overhead of the head relative to the baseline with the same loss path (Table 2 iii of the
-paper).
-
-Peak memory of a step is the most it holds at once above what was held before it (weights and
-optimizer state of every model in the process): activations, logits and gradients, measured in
-one extra untimed run. On CUDA it comes from torch.cuda.max_memory_allocated; on Linux CPUs from
-the resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs) after glibc's free
-heap is handed back, i.e. peak RSS growth, which also counts allocator slack (page granularity);
-elsewhere it is not measured (null). On a shared, busy CPU run with OMP_NUM_THREADS=1: waiting
-OpenMP threads otherwise make small steps up to 100× slower.
-
---loss_tokens N also times the LM head alone, forward + backward on N tokens at each size's width
-D and vocabulary V: our paths next to the anchors F.cross_entropy(F.linear(·)), torch's
-F.linear_cross_entropy and, on CUDA where installed, Liger Kernel's and Cut Cross-Entropy's fused
-linear CE (optional imports, never a dependency), each fed h and W in autocast's dtype as
-F.linear is (they have no autocast rule of their own), with the errors of loss and gradients
-against heads.py in float64.
-
---json is rewritten (atomically) after every variant, so a run stopped by a time limit keeps
-what it measured; a path that cannot be written, or a size that cannot fit in memory, ends in one
-sentence before anything is measured.
+Every variant (size × head × loss path) is built exactly as train.py builds it and timed on
+synthetic tokens between device syncs: warm-up steps (the first compiles), then --steps steps
+alone, then all variants of a size in turns, in an order that rotates every round, so drift
+falls on all alike. Each real-step row also times one no-grad evaluation forward (eval_s).
+Peak memory is measured in one extra untimed run (peak_memory). On a shared, busy CPU run with
+OMP_NUM_THREADS=1. --json is rewritten atomically after every variant; a path that cannot be
+written, or a size that cannot fit in memory, ends in one sentence before anything is measured.
 """
 import argparse
+import contextlib
 import ctypes
 import functools
 import math
@@ -57,13 +36,10 @@ import store
 import train
 from model import SIZES
 
-# Defaults in one place. The micro-batch and sequence length follow the paper on CUDA and are
-# small on CPU, where one step of 16 × 2048 tokens would take many seconds.
+# CUDA: the paper's micro-batch; CPU: small, where 16 × 2048 tokens would take many seconds
 SHAPES = {"cuda": dict(micro_batch=16, seq_len=2048), "cpu": dict(micro_batch=4, seq_len=256)}
-STEPS = 10           # timed steps per variant
-WARMUP = 3           # untimed steps per variant first (the first one compiles)
-SEED = 0
-VOCAB_SIZE = 50304
+STEPS, WARMUP, SEED, VOCAB_SIZE = 10, 3, 0, 50304
+MEASURE_STAT_TOKENS = 8192  # --measure's final statistics: experiments/alignment's --stat_tokens
 LOSS_PATHS = {"plain": "heads.py's reference (--loss_chunk 0)",
               "default": "train.py's default (fused_loss.DEFAULT_CHUNK for the device)",
               "chunked": "fused_loss.chunked_loss with --chunk_size tokens per chunk"}
@@ -78,8 +54,7 @@ def parse_args(argv=None):
       help=f"model sizes, of {', '.join(SIZES)}")
     a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
       help="heads to time (the baseline is always added: overheads are relative to it)")
-    a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS,
-      metavar="PATH",
+    a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
       help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
     a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE,
       help="tokens per chunk of the chunked loss path")
@@ -99,17 +74,18 @@ def parse_args(argv=None):
       help="also time the baseline with a float32 LM head (train.py --head_dtype float32)")
     a("--loss_tokens", type=store.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
-    a("--no_train", action="store_true",
-      help="skip the training step: only the LM head alone (needs --loss_tokens)")
+    a("--measure", action="store_true", help="also time the baseline's log step, evaluation "
+      "and final statistics over --stat_tokens tokens against its training step")
+    a("--stat_tokens", type=store.positive_int, default=MEASURE_STAT_TOKENS, help="see --measure")
+    a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
     a("--json", type=Path, default=None, help="write the results here (atomically)")
     args = p.parse_args(argv)
     device_type = runs.resolve_device(args, p.error)
     if device_type not in SHAPES:
         p.error(f"--device {args.device} is not supported; use cpu or cuda")
     for key, value in SHAPES[device_type].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.no_train and not args.loss_tokens:
+        setattr(args, key, getattr(args, key) or value)
+    if args.no_train and not (args.loss_tokens or args.measure):
         p.error("--no_train leaves nothing to measure; add --loss_tokens N")
     if args.tf32 and device_type != "cuda":
         p.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
@@ -117,8 +93,7 @@ def parse_args(argv=None):
         p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
                 f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
-    args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size,
-                                device_type)
+    args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size, device_type)
     for size in args.sizes:
         refuse_what_cannot_fit(args, size, device_type, p.error)
     return args
@@ -144,12 +119,11 @@ def device_memory(device):
 
 def refuse_what_cannot_fit(args, size, device_type, error):
     """error(one sentence) when a size's step or loss alone needs more than the device's memory,
-    by a lower bound: the training step keeps its token ids (2 × 8 bytes a token) and at least
-    one float32 activation of width D per layer for backward; the head alone holds h and its
-    gradient (2 × 4D bytes a token), the targets and the float64 reference's logits (8V)."""
+    by a lower bound: a step keeps its token ids (16 bytes a token) and one float32 activation
+    of width D per layer; the head alone h and its gradient (8D), targets and float64 logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     train_tokens = args.micro_batch * args.seq_len
-    needs = [] if args.no_train else [(
+    needs = [] if args.no_train and not args.measure else [(
         train_tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
         f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {train_tokens:,} tokens "
         f"per step", "--micro_batch or --seq_len")]
@@ -210,6 +184,10 @@ def timed(device, work):
     return time.perf_counter() - start
 
 
+def median_time(device, work, n):
+    return statistics.median(timed(device, work) for _ in range(n))  # n ≥ 1
+
+
 def round_robin(variants, run_once, steps):
     """Each variant's list of run_once(variant) over `steps` rounds of one run each; the order
     rotates every round, so no variant always runs first or after the same neighbour. Prints
@@ -227,27 +205,19 @@ def round_robin(variants, run_once, steps):
 # ---------------------------------------------------------------------------------------------
 # The training step of train.py, per size, head and loss path
 
-def train_args(args, size, head, impl, head_dtype="auto"):
-    """train.py's own settings for one variant: one micro-batch per step, no gradient accumulation."""
-    argv = ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
-            "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
-            "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
-            "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
-            *["--tf32"] * args.tf32, *LOSS_CHUNK_ARGS[impl](args),
-            *["--head_dtype", head_dtype] * (head_dtype != "auto")]
-    return train.parse_args(argv)
-
-
-LOSS_CHUNK_ARGS = {"plain": lambda args: ["--loss_chunk", "0"], "default": lambda args: [],
-                   "chunked": lambda args: ["--loss_chunk", str(args.chunk_size)]}
-
-
 class Variant:
-    """One (head, loss path, head dtype) of a size: model, optimizer and step exactly as train.py
-    builds them."""
+    """One (head, loss path, head dtype) of a size: model, optimizer, step and evaluation
+    forward exactly as train.py builds them, one micro-batch per step."""
 
     def __init__(self, args, size, head, impl, head_dtype, batch):
-        self.targs = train_args(args, size, head, impl, head_dtype)
+        self.targs = train.parse_args(
+            ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
+             "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
+             "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
+             "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
+             *["--tf32"] * args.tf32, *{"plain": ["--loss_chunk", "0"], "default": [],
+                                         "chunked": ["--loss_chunk", str(args.chunk_size)]}[impl],
+             *["--head_dtype", head_dtype] * (head_dtype != "auto")])
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
@@ -256,9 +226,19 @@ class Variant:
         self.batch, self.step = batch, 0
 
     def run_step(self):
-        train.train_step(self.model, self.optimizer, lambda: self.batch,
-                         train.lr_at(self.step, self.targs), 1, self.amp)
+        self.result = train.train_step(self.model, self.optimizer, lambda: self.batch,
+                                       train.lr_at(self.step, self.targs), 1, self.amp)
         self.step += 1
+
+    def run_eval(self):
+        """One batch of train.evaluate: the compiled model, no grad, eval mode."""
+        train.evaluate(self.model, self.targs, runs.Dist(0, 0, 1, self.device), self.amp,
+                       batches=[self.batch])
+
+    def warm_up(self, n):
+        """Seconds of n steps, and of one evaluation forward (the first of each compiles)."""
+        return (sum(timed(self.device, self.run_step) for _ in range(n)),
+                timed(self.device, self.run_eval))
 
 
 def synthetic_batch(args, device):
@@ -269,46 +249,43 @@ def synthetic_batch(args, device):
 
 
 def bench_size(args, size, publish):
-    """Rows of results for one model size, every head × loss path: each variant compiled and
-    timed alone as soon as it is built (publish(rows so far) after each), then all of them
-    timed in turns (publish(final rows))."""
+    """Rows for one size, every head × loss path: each variant timed alone as soon as it is
+    built (publish(rows so far) after each), then all of them in turns (publish(final rows))."""
     device = torch.device(args.device)
-    print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …",
-          flush=True)
+    print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …", flush=True)
     batch = synthetic_batch(args, device)
-    variants, warmup_s, alone, peaks = {}, {}, {}, {}
+    variants, alone, extra = {}, {}, {}
     keys = [(h, i, "auto") for h in args.heads for i in args.impls]
     keys += [("baseline", i, "float32") for i in args.impls if args.float32_head]
     for key in keys:
         variant = variants[key] = Variant(args, size, *key, batch)
-        warmup_s[key] = sum(timed(device, variant.run_step) for _ in range(args.warmup))
+        warmup_s, eval_warmup_s = variant.warm_up(args.warmup)
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
-        peaks[key] = peak_memory(device, variant.run_step)
-        publish(train_rows(args, size, variants, alone, peaks, warmup_s, "alone"))
+        extra[key] = {"peak_mem_bytes": peak_memory(device, variant.run_step),
+                      "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
+                      "eval_s": median_time(device, variant.run_eval, args.steps)}
+        publish(train_rows(args, size, variants, alone, extra, "alone"))
     in_turns = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
                            args.steps)
-    publish(train_rows(args, size, variants, in_turns, peaks, warmup_s, "in turns"))
+    publish(train_rows(args, size, variants, in_turns, extra, "in turns"))
     del variants
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def train_rows(args, size, variants, samples, peaks, warmup_s, timing):
-    """One row per timed variant: median step time, tokens/s, MFU, peak memory, and the
-    overheads of add_relative."""
+def train_rows(args, size, variants, samples, extra, timing):
+    """One row per timed variant: median step time, tokens/s, MFU, the extra measurements of
+    bench_size (peak memory, warm-up and evaluation times), and the overheads of add_relative."""
     peak = train.peak_flops(torch.device(args.device), args.dtype)
-    tokens = args.micro_batch * args.seq_len
-    rows = []
-    for key, timings in samples.items():
-        (head, impl, head_dtype), seconds = key, statistics.median(timings)
-        model = variants[key].raw
+    tokens, rows = args.micro_batch * args.seq_len, []
+    for (head, impl, head_dtype), timings in samples.items():
+        seconds, model = statistics.median(timings), variants[head, impl, head_dtype].raw
         flops_per_token = model.flops_per_token(args.seq_len)
         rows.append({"size": size, "head": head, "loss_impl": impl, "head_dtype": head_dtype,
                      "params": model.num_params(), "flops_per_token": flops_per_token,
                      "step_s": seconds, "tokens_per_s": tokens / seconds,
                      "mfu": flops_per_token * tokens / seconds / peak if peak else None,
-                     "peak_mem_bytes": peaks[key], "warmup_s": warmup_s[key],
-                     "timing": timing})
+                     **extra[head, impl, head_dtype], "timing": timing})
     add_relative(rows, "step_s")
     return rows
 
@@ -330,6 +307,30 @@ def add_relative(rows, key):
         row["mem_reduction"] = (plain["peak_mem_bytes"] / row["peak_mem_bytes"]
                                 if plain and plain["peak_mem_bytes"] and row["peak_mem_bytes"]
                                 else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's measurements against its step (issue 29): train.py's own functions, baseline
+
+def bench_measure(args, size, publish):
+    """One row: a training step (step_s), a log step's statistics (log_step_s,
+    train.step_metrics), one evaluation batch (eval_s), medians of --steps, and the final
+    statistics over --stat_tokens tokens (final_stats_s, train.final_head_stats), timed once."""
+    device = torch.device(args.device)
+    print(f"{size}, measurements against the training step …", flush=True)
+    batch = synthetic_batch(args, device)
+    v = Variant(args, size, "baseline", "default", "auto", batch)
+    v.warm_up(max(1, args.warmup))  # a step first: the log step measures its result
+    batches = [batch] * -(-args.stat_tokens // batch[1].numel())
+    ctx = runs.Dist(0, 0, 1, device)
+    works = {"step_s": v.run_step,
+             "log_step_s": lambda: train.step_metrics(v.raw, v.result, v.targs, v.amp),
+             "eval_s": v.run_eval,
+             "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, ctx, v.amp, batches)}
+    row = {"size": size, "tokens": batch[1].numel(), "stat_tokens": batch[1].numel() *
+           len(batches), **{k: median_time(device, w, 1 if k == "final_stats_s" else args.steps)
+                            for k, w in works.items()}}
+    publish([row])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,21 +395,17 @@ def gpu_anchors(head):
     """Liger Kernel's and Cut Cross-Entropy's fused linear CE for this head, where importable
     (optional, benchmark only; never a dependency of the project)."""
     anchors = {}
-    try:
+    with contextlib.suppress(ImportError, TypeError):  # not installed, or too old for softcap
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger = LigerFusedLinearCrossEntropyLoss(
             ignore_index=heads.IGNORE, **({"softcap": head.cap} if head.cap else {}),
             **({"lse_square_scale": head.lam} if head.name == "z_loss" else {}))
         anchors["liger"] = lambda h, w, y: liger(w, h, y)
-    except (ImportError, TypeError):  # not installed, or too old for softcap
-        pass
-    try:
+    with contextlib.suppress(ImportError):
         from cut_cross_entropy import linear_cross_entropy
         if head.name != "z_loss":  # CCE has a soft-cap but no z-loss
             anchors["cce"] = lambda h, w, y: linear_cross_entropy(
                 h, w, y, ignore_index=heads.IGNORE, softcap=head.cap)
-    except ImportError:
-        pass
     return anchors
 
 
@@ -428,9 +425,8 @@ def errors_vs_float64(name, loss_fn, h, weight, targets, amp):
 
 
 def bench_loss_path(args, size, publish):
-    """Rows for the head alone at this size's width: every head × loss path (ours and the
-    anchors), timed in turns, with the errors of loss and gradients against float64; handed
-    to publish(rows)."""
+    """publish(rows) for the head alone at this size's width: every head × loss path (ours and
+    the anchors), timed in turns, with the errors of loss and gradients against float64."""
     device = torch.device(args.device)
     print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
@@ -452,20 +448,19 @@ def bench_loss_path(args, size, publish):
     for name in args.heads:
         for path, loss_fn in loss_functions(name, args, device.type).items():
             errors[name, path] = errors_vs_float64(name, loss_fn, h, weight, targets, amp)
-            compiled = torch.compile(loss_fn) if args.compile else loss_fn
-            works[name, path] = forward_backward(compiled)
+            work = works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile
+                                                        else loss_fn)
             for _ in range(args.warmup):
-                works[name, path]()
+                work()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
     peaks = {key: peak_memory(device, work) for key, work in works.items()}
     seconds = {key: statistics.median(timings) for key, timings in samples.items()}
     torch_op = seconds.get(("baseline", "F.linear_ce"))
-    rows = []
-    for (name, path), peak_bytes in peaks.items():
-        rows.append({"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
-                     "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
-                     "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
-                     "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]})
+    rows = [{"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
+             "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
+             "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
+             "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]}
+            for (name, path), peak_bytes in peaks.items()]
     add_relative(rows, "time_s")
     publish(rows)
 
@@ -487,59 +482,54 @@ def fmt_pct(x):
     return "" if x is None else f"{100 * x:+.1f}%"
 
 
-def fmt_ratio(x):
-    return "" if x is None else f"{x:.1f}×"
-
-
-def print_tables(result):
-    if result["train"]:
-        print_train_tables(result)
-    if result["loss_path"]:
-        print_loss_table(result)
-
-
-def print_train_tables(result):
-    train_rows, args = result["train"], result["settings"]
-    print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
-          f"{result['device_name']}, {args['dtype']}, {'compiled' if args['compile'] else 'eager'}, "
-          f"micro-batch {args['micro_batch']} × seq {args['seq_len']}, median of {args['steps']} steps")
-    columns = args["heads"] + [label({"head": "baseline", "head_dtype": "float32"})] * \
-        args["float32_head"]
-    for impl in args["impls"]:
-        print(f"loss path: {impl}")
-        print(f"{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
-        for size in args["sizes"]:
-            cells = {label(r): r for r in train_rows
-                     if r["size"] == size and r["loss_impl"] == impl}
-            print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}"
-                                           for h in columns))
-    print(f"\n{'size':>6} {'head':>10} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} "
-          f"{'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
-    for r in train_rows:
-        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        print(f"{r['size']:>6} {label(r):>10} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
-              f"{r['tokens_per_s']:>10,.0f} {mfu:>6} {fmt_bytes(r['peak_mem_bytes']):>10} "
-              f"{fmt_pct(r['vs_plain']):>9} {fmt_ratio(r['mem_reduction']):>6}")
-
-
 def label(row):
     """The head's name, and its dtype where it is not autocast's: `baseline+f32`."""
     return row["head"] + ("+f32" if row.get("head_dtype") == "float32" else "")
 
 
-def print_loss_table(result):
-    args = result["settings"]
-    print(f"\nLM head alone, forward + backward; {result['device_name']}, {args['dtype']}, "
-          f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}; peak memory: "
-          f"{result['memory_measure']}; × torch op: time / F.linear_cross_entropy's on baseline; "
-          f"errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)")
-    print(f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} {'× torch op':>10} "
-          f"{'peak mem':>10} {'|Δ loss|':>9} {'Δ grad':>9}")
-    for r in result["loss_path"]:
-        ratio = "" if r["vs_torch_op"] is None else f"{r['vs_torch_op']:.2f}"
-        print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
-              f"{r['loss_impl']:>15} {1e3 * r['time_s']:>8.1f} {ratio:>10} "
-              f"{fmt_bytes(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
+def print_tables(result):
+    args, rows = result["settings"], result["train"]
+    setting = (f"{result['device_name']}, {args['dtype']}, "
+               f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}")
+    if rows:
+        print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
+              f"{setting}, micro-batch {args['micro_batch']} × seq {args['seq_len']}")
+        columns = args["heads"] + ["baseline+f32"] * args["float32_head"]
+        for impl in args["impls"]:
+            print(f"loss path: {impl}\n{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
+            for size in args["sizes"]:
+                cells = {label(r): r for r in rows if (r["size"], r["loss_impl"]) == (size, impl)}
+                print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}"
+                                               for h in columns))
+        print(f"\n{'size':>6} {'head':>12} {'loss':>8} {'step ms':>9} {'eval ms':>8} "
+              f"{'tokens/s':>10} {'MFU':>6} {'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
+        for r in rows:
+            mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            ratio = "" if r["mem_reduction"] is None else f"{r['mem_reduction']:.1f}×"
+            print(f"{r['size']:>6} {label(r):>12} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
+                  f"{1e3 * r['eval_s']:>8.1f} {r['tokens_per_s']:>10,.0f} {mfu:>6} "
+                  f"{fmt_bytes(r['peak_mem_bytes']):>10} {fmt_pct(r['vs_plain']):>9} {ratio:>6}")
+    if result["loss_path"]:
+        print(f"\nLM head alone, forward + backward; {setting}; peak memory: "
+              f"{result['memory_measure']}; × torch op: time / F.linear_cross_entropy's on "
+              f"baseline; errors against heads.py's plain path in float64 (grad: max |Δ| / max "
+              f"|grad|)\n{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} "
+              f"{'× torch op':>10} {'peak mem':>10} {'|Δ loss|':>9} {'Δ grad':>9}")
+        for r in result["loss_path"]:
+            ratio = "" if r["vs_torch_op"] is None else f"{r['vs_torch_op']:.2f}"
+            print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
+                  f"{r['loss_impl']:>15} {1e3 * r['time_s']:>8.1f} {ratio:>10} "
+                  f"{fmt_bytes(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} "
+                  f"{r['grad_err']:>9.1e}")
+    if result["measure"]:
+        print(f"\nMeasurements against a training step (baseline); {setting}; log share: a log "
+              f"step over train.py's default --log_every 10 steps")
+        print(f"{'size':>6} {'step ms':>9} {'log step ms':>12} {'log share':>10} {'eval ms':>8} "
+              f"{'final stats s':>14} {'over tokens':>12}")
+        for r in result["measure"]:
+            print(f"{r['size']:>6} {1e3 * r['step_s']:>9.1f} {1e3 * r['log_step_s']:>12.1f} "
+                  f"{r['log_step_s'] / (10 * r['step_s']):>10.1%} {1e3 * r['eval_s']:>8.1f} "
+                  f"{r['final_stats_s']:>14.2f} {r['stat_tokens']:>12,}")
 
 
 def device_name(device):
@@ -561,10 +551,6 @@ def save(path, result):
         train.write_json(path, result)
 
 
-def is_out_of_memory(err):
-    return isinstance(err, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(err)
-
-
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -575,7 +561,7 @@ def main(argv=None):
               "memory_measure": ("torch.cuda.max_memory_allocated above the start"
                                  if device.type == "cuda" else "peak RSS growth (VmHWM)"),
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
-              "train": [], "loss_path": []}
+              "train": [], "loss_path": [], "measure": []}
 
     def publish(part):
         """Where the size being measured hands its rows: after the earlier sizes' rows."""
@@ -586,20 +572,23 @@ def main(argv=None):
             save(args.json, result)
         return rows_so_far
 
+    parts = {"train": (not args.no_train, bench_size),
+             "loss_path": (args.loss_tokens, bench_loss_path),
+             "measure": (args.measure, bench_measure)}
     size = args.sizes[0]
     try:
         save(args.json, result)  # at once: a --json that cannot be written ends before any work
         for size in args.sizes:
-            if not args.no_train:
-                bench_size(args, size, publish("train"))
-            if args.loss_tokens:
-                bench_loss_path(args, size, publish("loss_path"))
+            for part, (wanted, bench) in parts.items():
+                if wanted:
+                    bench(args, size, publish(part))
     except store.WriteError as err:  # store.py's sentence, and what to do where it has none
         advice = ("" if ";" in str(err) else "; free space or write elsewhere"
                   if isinstance(err, store.DiskFullError) else "; give --json a file you can write")
         raise SystemExit(f"bench.py: error: --json: {err}{advice}") from None
     except RuntimeError as err:
-        if not is_out_of_memory(err):
+        if not (isinstance(err, torch.cuda.OutOfMemoryError)
+                or "can't allocate memory" in str(err)):
             raise
         kept = f"; {args.json} holds what was measured before" if args.json else ""
         raise SystemExit(f"bench.py: error: {size} ran out of {device.type} memory; lower "

@@ -33,14 +33,12 @@ from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_s
                   unwrap, val_batches, write_json)
 
 # ---------------------------------------------------------------------------------------------
-# The recipe of the paper's App. A (Table 4) and the measurement settings; the options and their
+# The recipe of the paper's App. A (Table 4); the options and their
 # defaults (the paper's too) are in runs.build_parser(): python train.py --help.
 ADAM_BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-8
 WEIGHT_DECAY = 0.0
 GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to this
-STAT_CHUNK = 1024          # tokens per logits chunk: bounds memory to STAT_CHUNK × V floats
-LOG_STAT_TOKENS = 128      # tokens of a log step's statistics (float64: ~3 ms a token on CPU)
 
 # ---------------------------------------------------------------------------------------------
 # The training step (bench.py reuses these)
@@ -117,86 +115,95 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
 # ---------------------------------------------------------------------------------------------
 # Measurements
 
+STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 × V floats
+LOG_STAT_TOKENS = 128   # tokens of a log step's logit statistics
+PRECISION_STRIDE = 4    # the precision statistics take every 4th of those tokens (the costly ones)
+HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS  # logged and summarised per token
+ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
+
+
 def mu_norm(model: GPT) -> torch.Tensor:
     """‖μ‖, μ = (1/V) Σᵢ eᵢ the mean output embedding (Eq. 7)."""
     return heads.mean_embedding(model.output_weight.detach()).norm()
 
 
-HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS  # logged and summarised per token
-ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
-
-
 @torch.no_grad()
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
                    max_tokens: int | None = None) -> torch.Tensor:
-    """Σ over the tokens of x of the per-token statistics of HEAD_STATS (measure.logit_stat_sums:
-    mean, std, max |l|, log²Z of the logits as the run computes them; measure.precision_stat_sums:
-    what the matmul's dtype costs them), the token count, then Σ h (D values): float64
-    (8 + D,). Divided by the count they give the means over tokens. STAT_CHUNK tokens at a time.
-    With max_tokens, only every k-th token counts, k = ⌈N / max_tokens⌉, so that they spread
-    over rows and positions (the others still give them their context)."""
+    """Σ x and Σ x² of each per-token statistic x of HEAD_STATS, the two token counts, then Σ h,
+    float64 (2·7 + 2 + D,) to add over batches and processes, over the tokens of x whose target
+    is not -1 (with max_tokens, every k-th, k = ⌈N / max_tokens⌉, across rows and positions):
+    measure.logit_stats of the logits as the run computes them on each, measure.precision_stats
+    on every PRECISION_STRIDE-th."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
-    y = y.flatten()
+    keep = y.flatten() != heads.IGNORE
+    h, y = h[keep], y.flatten()[keep]
     if max_tokens and len(h) > max_tokens:
         stride = -(-len(h) // max_tokens)
         h, y = h[::stride], y[::stride]
-    matmul_dtype = model.head.matmul_dtype or getattr(torch, args.dtype)
-    n = len(HEAD_STATS)
-    sums = torch.zeros(n + 1 + h.shape[-1], dtype=torch.float64, device=h.device)
-    for chunk, targets in zip(h.split(STAT_CHUNK), y.split(STAT_CHUNK)):
+    weight, dtype = model.output_weight, model.head.matmul_dtype or getattr(torch, args.dtype)
+
+    def logit_stats(chunk):
         with amp:
-            logits = model.head.logits(chunk, model.output_weight)
-        sums[:4] += measure.logit_stat_sums(logits)
-        sums[4:n + 1] += measure.precision_stat_sums(model.head, chunk, model.output_weight,
-                                                   targets, matmul_dtype)
-    sums[n + 1:] = h.double().sum(dim=0)
-    return sums
+            return measure.logit_stats(model.head.logits(chunk, weight))
+    logit = torch.cat([logit_stats(c) for c in h.split(STAT_CHUNK)], dim=1)
+    h_p, y_p = h[::PRECISION_STRIDE], y[::PRECISION_STRIDE]
+    precision = measure.precision_stats(model.head, h_p, weight, y_p, dtype, STAT_CHUNK)
+    return torch.cat((logit.sum(dim=1), precision.sum(dim=1), logit.square().sum(dim=1),
+                      precision.square().sum(dim=1), logit.new_tensor([len(h), len(h_p)]),
+                      h.double().sum(dim=0)))
 
 
-def head_stats(sums: torch.Tensor, model: GPT) -> dict:
-    """The means over all tokens of all processes, from head_stat_sums (all-reduced here), and
-    the alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (measure.mean_state_alignment):
-        h_mu_proj = h̄·μ̂ = l̄/‖μ‖ (Lemma 1 over tokens),   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1]."""
+def head_stats(sums: torch.Tensor, model: GPT, with_se: bool = False) -> dict:
+    """The means over all tokens of all processes, from head_stat_sums (all-reduced here), the
+    alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (measure.mean_state_alignment):
+        h_mu_proj = h̄·μ̂ = l̄/‖μ‖ (Lemma 1 over tokens),   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1],
+    and with_se, each mean's standard error √(var/(n−1)) as <stat>_se (tokens as independent)."""
     sums, n = all_reduce_sum(sums), len(HEAD_STATS)
-    count, h_mean = sums[n], sums[n + 1:] / sums[n]
-    proj, cos = measure.mean_state_alignment(h_mean, model.output_weight.detach())
-    return dict(zip(HEAD_STATS + ALIGN_STATS, (*(sums[:n] / count).tolist(), proj.item(),
-                                               cos.item())))
+    counts = sums[2 * n:2 * n + 2]
+    count = counts[[0] * len(measure.LOGIT_STATS) + [1] * len(measure.PRECISION_STATS)]
+    mean, mean_sq = sums[:n] / count, sums[n:2 * n] / count
+    proj, cos = measure.mean_state_alignment(sums[2 * n + 2:] / counts[0],
+                                             model.output_weight.detach())
+    stats = dict(zip(HEAD_STATS + ALIGN_STATS, (*mean.tolist(), proj.item(), cos.item())))
+    if with_se:
+        se = ((mean_sq - mean.square()).clamp(min=0) / (count - 1)).sqrt()
+        stats |= {f"{name}_se": value for name, value in zip(HEAD_STATS, se.tolist())}
+    return stats
 
 
 @torch.no_grad()
-def evaluate(model, args, ctx: Dist, amp) -> float:
-    """Mean cross-entropy over the first --eval_tokens validation tokens; every rank scores
-    its share and the sums are added over ranks."""
+def evaluate(model, args, ctx: Dist, amp, batches=None) -> float:
+    """Mean cross-entropy over the tokens of `batches` whose target is not -1 (default: the
+    first --eval_tokens validation tokens); every rank scores its share, the sums are added."""
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # Σ CE, tokens
-    for x, y in val_batches(args.eval_tokens, args, ctx):
+    total = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # Σ CE, kept tokens
+    for x, y in val_batches(args.eval_tokens, args, ctx) if batches is None else batches:
         x, y = x.to(ctx.device), y.to(ctx.device)
         with amp:
             _, stats = model(x, y)
-        total += torch.stack((stats["ce"].double() * y.numel(), total.new_tensor(y.numel())))
+        kept = (y != heads.IGNORE).sum().double()
+        total += torch.stack((stats["ce"].double() * kept, kept))
     model.train()
     all_reduce_sum(total)
     return (total[0] / total[1]).item()
 
 
 @torch.no_grad()
-def final_head_stats(model: GPT, args, ctx: Dist, amp) -> dict:
-    """HEAD_STATS and ALIGN_STATS over the first --stat_tokens validation tokens (paper: 5·10⁵
-    logit vectors)."""
-    sums = torch.zeros(len(HEAD_STATS) + 1 + model.config.n_embd, dtype=torch.float64,
-                       device=ctx.device)
-    for x, y in val_batches(args.stat_tokens, args, ctx):
-        sums += head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
-    return head_stats(sums, model)
+def final_head_stats(model: GPT, args, ctx: Dist, amp, batches=None) -> dict:
+    """HEAD_STATS, their standard errors and ALIGN_STATS over `batches` (default: the first
+    --stat_tokens validation tokens; paper: 5·10⁵ logit vectors)."""
+    batches = val_batches(args.stat_tokens, args, ctx) if batches is None else batches
+    sums = sum(head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
+               for x, y in batches)
+    return head_stats(sums, model, with_se=True)
 
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
     """loss, grad_norm, ‖μ‖ and the head statistics of LOG_STAT_TOKENS tokens of this process's
-    last micro-batch (summed over processes): the float64 precision metrics over all its tokens
-    would cost more than the steps between two log lines. Reads device values, so log steps
-    only; the final statistics (final_head_stats) cover --stat_tokens."""
+    last micro-batch (summed over processes; its cost against a step: bench.py --measure).
+    Reads device values, so log steps only."""
     sums = head_stat_sums(model, result.last_x, result.last_y, args, amp, LOG_STAT_TOKENS)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
             "mu_norm": mu_norm(model).item(), **head_stats(sums, model)}
@@ -254,8 +261,8 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
             if is_eval:
                 last_val, eval_s = timed(evaluate, run.compiled, args, ctx, amp)
                 record["val_loss"] = last_val
-            eta = None if per_step is None else eta_seconds(step, args, per_step, log_s, eval_s,
-                                                            LOG_STAT_TOKENS)
+            eta = None if per_step is None else eta_seconds(
+                step, args, per_step, log_s, eval_s, min(LOG_STAT_TOKENS, result.last_y.numel()))
             say(log_line(record, args.steps, eta=eta))
             if ctx.master:
                 append_log(run.out / "log.jsonl", record)
@@ -275,16 +282,18 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     model = run.model
     summary = {"head": args.head, "size": args.size, "lr": args.lr, "tie": args.tie,
                "lam": model.head.lam, "cap": model.head.cap, "steps": args.steps}
+    measure_start = time.perf_counter()  # the end-of-run measurements: measure_time_s
     if diverged_at is None:
         val_loss = last_val if last_val is not None else evaluate(run.compiled, args, ctx, amp)
         stats = final_head_stats(model, args, ctx, amp)
         summary |= {"tokens": run.step * tokens_per_step, "val_loss": val_loss,
                     "diverged": not math.isfinite(val_loss)}
     else:
-        stats = dict.fromkeys(HEAD_STATS + ALIGN_STATS)
+        stats = dict.fromkeys(HEAD_STATS + ALIGN_STATS + tuple(f"{s}_se" for s in HEAD_STATS))
         summary |= {"tokens": diverged_at * tokens_per_step, "val_loss": None, "diverged": True}
     summary |= {"init_loss": run.init_loss, **stats, "mu_norm": mu_norm(model).item(),
-                "train_time_s": run.train_time_s}
+                "train_time_s": run.train_time_s,
+                "measure_time_s": time.perf_counter() - measure_start}
     if ctx.master:
         write_json(run.out / "summary.json", summary)
     say("done: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

@@ -27,7 +27,8 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     # One thread: on a shared, busy CPU OpenMP's waiting threads make steps 100× slower.
     proc = subprocess.run([sys.executable, "bench.py", *TINY, "--loss_paths", *PATHS,
-                           "--loss_tokens", "64", "--json", str(out)],
+                           "--loss_tokens", "64", "--measure", "--stat_tokens", "200",
+                           "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
@@ -46,7 +47,7 @@ def test_tiny_cpu_run_writes_every_variant_with_sane_values(tiny_run):
         assert r["flops_per_token"] > 6 * r["params"]  # 6N plus attention
         assert r["peak_mem_bytes"] is None or r["peak_mem_bytes"] >= 0
         assert (r["vs_plain"] is None) == (r["loss_impl"] == "plain")
-        assert r["timing"] == "in turns" and r["warmup_s"] > 0
+        assert r["timing"] == "in turns" and r["warmup_s"] > 0 and r["eval_s"] > 0
     baseline = [r for r in rows if r["head"] == "baseline"]
     assert all(r["overhead"] == 0.0 for r in baseline)
     soft_cap = next(r for r in rows if r["head"] == "soft_cap" and r["loss_impl"] == "plain")
@@ -72,6 +73,14 @@ def test_tiny_cpu_run_measures_the_loss_path_alone_next_to_the_anchors(tiny_run)
             assert r["vs_torch_op"] == pytest.approx(r["time_s"] / baseline_op["time_s"])
     assert "Additional training time relative to baseline" in stdout
     assert "LM head alone" in stdout
+
+
+def test_tiny_cpu_run_times_the_measurements_against_a_training_step(tiny_run):
+    result, stdout = tiny_run
+    (row,) = result["measure"]
+    assert (row["size"], row["tokens"], row["stat_tokens"]) == ("tiny", 64, 256)  # 4 batches
+    assert all(row[k] > 0 for k in ("step_s", "log_step_s", "eval_s", "final_stats_s"))
+    assert "Measurements against a training step" in stdout
 
 
 def test_baseline_is_always_measured_first():

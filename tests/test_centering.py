@@ -11,13 +11,11 @@ vector: same predictions at every step, in exact arithmetic. What is left to dif
 rounding. Tied, the matrix is also the input embedding, and the shift moves every input
 vector, so the function changes.
 """
-import math
 
 import pytest
 import torch
 
 import heads
-import measure
 import model
 
 V, T, STEPS = 512, 32, 40
@@ -63,79 +61,3 @@ def test_tied_centering_changes_the_function():
     base, _ = trained_log_probs("baseline", tie=True, weight_decay=0.0)
     centred, _ = trained_log_probs("mu_center", tie=True, weight_decay=0.0)
     assert (centred - base).abs().max() > 1e-2
-
-
-# ---- what the matmul's dtype costs (measure.precision_stat_sums) --------------------------------
-
-def precision(weight, h, targets, dtype=torch.bfloat16, head="baseline"):
-    sums = measure.precision_stat_sums(heads.build(head), h, weight, targets, dtype)
-    return dict(zip(measure.PRECISION_STATS, (sums[:3] / sums[3]).tolist()))
-
-
-@pytest.fixture
-def head_inputs():
-    g = torch.Generator().manual_seed(0)
-    weight = 0.3 * torch.randn(1000, 64, generator=g)
-    h = 3 * torch.randn(48, 64, generator=g)
-    targets = torch.randint(0, 1000, (48,), generator=g)
-    targets[:5] = heads.IGNORE
-    return weight, h, targets
-
-
-def test_precision_stats_match_a_float64_computation_by_hand(head_inputs):
-    weight, h, targets = head_inputs
-    stats = precision(weight, h, targets)
-    keep = targets != heads.IGNORE
-    x, t = h[keep], targets[keep]
-    exact = x.double() @ weight.double().T
-    cast = x.bfloat16().double() @ weight.bfloat16().double().T
-    rounded = (x.bfloat16() @ weight.bfloat16().T).double()
-    sigma = exact.std(dim=1, correction=0)
-    ce = lambda l: (torch.logsumexp(l, 1) - l.gather(1, t[:, None]).squeeze(1)).mean()
-    spread = lambda d: (d.std(1, correction=0) / sigma).mean()
-    assert stats["prec_ce_gap"] == pytest.approx((ce(rounded) - ce(exact)).item(), abs=1e-12)
-    assert stats["prec_err_cast"] == pytest.approx(spread(cast - exact).item(), rel=1e-9)
-    assert stats["prec_err_round"] == pytest.approx(spread(rounded - cast).item(), rel=1e-9)
-    assert 1e-4 < stats["prec_err_cast"] < 1e-2  # bf16 keeps 8 significant bits
-
-
-def test_an_error_common_to_all_logits_of_a_token_is_not_counted():
-    # Every row has 1 in column 0 and small integers elsewhere (bf16-exact); h₀ = 1 + 2⁻¹⁰ is not
-    # a bf16 number, so the cast moves every logit of the token by the same −2⁻¹⁰: softmax and
-    # the loss cannot see that, and neither may prec_err_cast (an rms over rows would be 2⁻¹⁰/σ).
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.cat((torch.ones(256, 1), torch.randint(-4, 5, (256, 7), generator=gen)), 1)
-    h = torch.cat((torch.full((3, 1), 1 + 2 ** -10), torch.randint(-2, 3, (3, 7),
-                                                                   generator=gen)), 1).float()
-    stats = precision(weight.float(), h, torch.zeros(3, dtype=torch.long))
-    assert stats["prec_err_cast"] == 0.0 and stats["prec_ce_gap"] == pytest.approx(0, abs=1e-12)
-
-
-def test_float32_matmul_costs_nothing_measurable(head_inputs):
-    stats = precision(*head_inputs, dtype=torch.float32)
-    assert stats["prec_err_cast"] == 0.0
-    assert stats["prec_err_round"] < 1e-6 and abs(stats["prec_ce_gap"]) < 1e-5
-
-
-def test_a_common_shift_costs_bf16_precision_and_centering_gives_it_back(head_inputs):
-    weight, h, targets = head_inputs
-    shifted = weight + 60 * torch.randn(64, generator=torch.Generator().manual_seed(3)) / 8
-    plain, drowned = precision(weight, h, targets), precision(shifted, h, targets)
-    # same exact logits up to the common offset, so only the rounding can differ
-    assert drowned["prec_err_cast"] > 10 * plain["prec_err_cast"]
-    assert drowned["prec_err_round"] > 10 * plain["prec_err_round"]
-    assert abs(drowned["prec_ce_gap"]) > 3 * abs(plain["prec_ce_gap"])  # signed, so noisier
-    centred = shifted.clone()
-    heads.build("mu_center").after_step(centred)
-    restored = precision(centred, h, targets)
-    for key in ("prec_err_cast", "prec_err_round"):
-        assert restored[key] < 2 * precision(weight - weight.mean(0), h, targets)[key]
-
-
-def test_soft_cap_precision_goes_through_the_cap(head_inputs):
-    weight, h, targets = head_inputs
-    capped = precision(weight * 50, h, targets, head="soft_cap")
-    raw = precision(weight * 50, h, targets)
-    assert capped["prec_err_cast"] == raw["prec_err_cast"]  # the errors are of the raw matmul
-    assert capped["prec_ce_gap"] != raw["prec_ce_gap"]      # the loss is of the capped logits
-    assert math.isfinite(capped["prec_ce_gap"])
