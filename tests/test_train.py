@@ -28,7 +28,8 @@ TEXT = ROOT / "tests" / "assets" / "paradise_regained.txt"
 SUMMARY_KEYS = {"head", "size", "lr", "tie", "lam", "cap", "steps", "tokens", "val_loss",
                 "init_loss", "diverged", "logit_mean", "logit_std", "logit_absmax", "log2Z",
                 "prec_ce_gap", "prec_err_cast", "prec_err_round", "mu_norm", "train_time_s",
-                "h_mu_proj", "h_mu_cos"}
+                "h_mu_proj", "h_mu_cos", "measure_time_s",
+                *(f"{s}_se" for s in train.HEAD_STATS)}
 LOG_KEYS = {"step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean", "logit_std",
             "logit_absmax", "log2Z", "tok_per_s", "mfu"}
 
@@ -221,8 +222,8 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(markov_data, tmp_p
     for name, tensor in whole.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), name
     s1, s2 = read_summary(tmp_path / "whole"), read_summary(tmp_path / "cut")
-    assert {k: v for k, v in s1.items() if k != "train_time_s"} == \
-        {k: v for k, v in s2.items() if k != "train_time_s"}
+    assert {k: v for k, v in s1.items() if not k.endswith("_time_s")} == \
+        {k: v for k, v in s2.items() if not k.endswith("_time_s")}
     ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
     assert not any(key.startswith("_orig_mod.") for key in ckpt["model"])
 
