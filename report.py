@@ -1,19 +1,17 @@
 """
 report.py — a sweep's results as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and a
-few runs' logs as curves over training. It imports nothing of this project; sweep.py reads the
-run folders for it and writes the files.
+few runs' logs as curves over training; sweep.py reads the run folders and writes the files.
 
 Learning-rate sensitivity (Wortsman et al. 2023; the paper's Eq. 22), for one size, tying and
-head over the n_η learning rates η of the sweep:
+head over the n_η learning rates η of the sweep, with L(η) the final test loss (our validation
+split), L₀ the loss at initialisation (≈ ln V) and a diverged run counted as L₀:
 
     LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
 
-L(η) is the final test loss (our validation split), L₀ the loss at initialisation (≈ ln V), and
-a diverged run counts as L₀. Eq. 22 writes a mean over all n_η, but the divisor n_η − 1 (the mean
-over the η other than the best) is the one that gives back the paper's Table 2(ii) and Table 3,
-every printed digit, from its published runs (tests/test_sweep.py, test_reference_reproduces_*),
-so it is the default; mean="literal" divides by n_η. Additional training time = a head's mean
-train time over its runs that did not diverge / the baseline's − 1.
+Eq. 22 writes a mean over all n_η; the divisor n_η − 1 (a mean over the η other than the best)
+is the one that gives back every printed digit of the paper's Table 2(ii) and Table 3 from its
+published runs (tests/test_sweep.py::test_reference_reproduces_table2), so it is the default and
+mean="literal" divides by n_η. Additional training time = mean train time / the baseline's − 1.
 """
 import csv
 import io
@@ -39,8 +37,8 @@ RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "init_loss": ("≥ 0 (a cross-entropy)", lambda v: not v < 0),
          "train_time_s": ("≥ 0", lambda v: not v < 0)}
 TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
-# Fig. 3's quantities in the paper's order, then what the matmul's rounding costs the head
-# (measure.precision_stat_sums), drawn where a CSV has them: (column, what it is in words)
+# (column, what it is in words): Fig. 3's in the paper's order, then what the matmul's rounding
+# costs the head (measure.precision_stat_sums), drawn where a CSV has them
 METRICS = (("logit_mean", "mean logit l̄"), ("logit_std", "logit spread σ_l"),
            ("mu_norm", "‖μ‖, the output rows' mean"), ("logit_absmax", "largest |logit|"))
 PRECISION_METRICS = (("prec_err_cast", "logit error from rounding the inputs"),
@@ -73,8 +71,8 @@ def capped_loss(row):
 
 
 def lr_sensitivity(losses, mean="published"):
-    """LRS of the capped losses of one size, tying and variant: / (n_η − 1) ('published') or
-    / n_η ('literal'); NaN for one learning rate."""
+    """LRS of one size, tying and variant's capped losses: / (n_η − 1) ('published') or / n_η
+    ('literal'); NaN for one learning rate."""
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
@@ -100,12 +98,15 @@ class Cell:
         return (self.head, self.lam, self.cap)
 
 
+def _times(rows):
+    return [r["train_time_s"] for r in rows if not r["diverged"] and math.isfinite(r["train_time_s"])]
+
+
 def reduce_runs(rows, mean="published"):
     """Group rows by (tie, head, λ, c, size) and reduce each group to a Cell."""
     groups = {}
     for row in rows:
-        group = groups.setdefault((row["tie"], row["head"], row["lam"], row["cap"], row["size"]),
-                                  {})
+        group = groups.setdefault(tuple(row[k] for k in ("tie", "head", "lam", "cap", "size")), {})
         if row["lr"] in group:
             raise ValueError(f"two results for {row['size']} {row['head']} lr={row['lr']:g} "
                              f"tie={row['tie']} λ={row['lam']} c={row['cap']}; keep one run "
@@ -115,11 +116,8 @@ def reduce_runs(rows, mean="published"):
     for key, by_lr in groups.items():
         lrs = sorted(by_lr)
         runs = [by_lr[lr] for lr in lrs]
-        losses = [capped_loss(row) for row in runs]
-        best = losses.index(min(losses))
-        times = [r["train_time_s"] for r in runs
-                 if not r["diverged"] and math.isfinite(r["train_time_s"])]
-        cells.append(Cell(*key, lrs, losses, runs, losses[best], lrs[best],
+        losses, times = [capped_loss(row) for row in runs], _times(runs)
+        cells.append(Cell(*key, lrs, losses, runs, min(losses), lrs[losses.index(min(losses))],
                           lr_sensitivity(losses, mean),
                           sum(times) / len(times) if times else math.nan))
     return sorted(cells, key=lambda c: (c.tie, variant_order(c.variant), size_order(c.size)))
@@ -169,7 +167,7 @@ def variant_label(variant, show_lam=False):
 
 
 # -----------------------------------------------------------------------------
-# reading: run folders -> a results CSV, a run's log, a results CSV -> typed rows
+# reading: run folders -> a results CSV; a run's log; a results CSV -> typed rows
 
 RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
                   "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
@@ -187,8 +185,8 @@ def csv_cell(value):
 
 
 def json_object(path):
-    """The dict a JSON file holds; anything else (a pipe or device too: not read, as the read
-    would block) is refused in one sentence."""
+    """The dict a JSON file holds; anything else, a pipe or device too (a read would block), is
+    refused in one sentence."""
     try:
         value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
     except ValueError:  # not UTF-8, not JSON
@@ -199,24 +197,9 @@ def json_object(path):
     return value
 
 
-def result_row(summary_path, root):
-    """One results.csv row from a run's summary.json (settings it lacks from config.json)."""
-    summary = json_object(summary_path)
-    missing = [key for key in ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
-               if key not in summary]
-    if missing:
-        raise ValueError(f"{summary_path} lacks {', '.join(missing)}; it was not written by "
-                         f"this project's train.py")
-    config_path = Path(summary_path).with_name("config.json")
-    config = json_object(config_path) if config_path.exists() else {}
-    row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
-    row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's names
-               run=str(Path(summary_path).parent.relative_to(root)))
-    return {column: csv_cell(value) for column, value in row.items()}
-
-
 def results_csv(run_root):
-    """Every summary.json under run_root -> the text of a CSV with one row each."""
+    """Every summary.json under run_root -> the text of a CSV with one row each (train.py's
+    names; settings a summary lacks come from the run's config.json)."""
     summaries = sorted(Path(run_root).rglob("summary.json"))
     if not summaries:
         raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
@@ -224,7 +207,18 @@ def results_csv(run_root):
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(result_row(path, Path(run_root)) for path in summaries)
+    for path in summaries:
+        summary = json_object(path)
+        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
+        if missing := [key for key in needed if key not in summary]:
+            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
+                             f"project's train.py")
+        config = json_object(path.with_name("config.json")) if path.with_name(
+            "config.json").exists() else {}
+        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
+        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
+                   run=str(path.parent.relative_to(run_root)))                     # names
+        writer.writerow({column: csv_cell(value) for column, value in row.items()})
     return buffer.getvalue()
 
 
@@ -254,19 +248,14 @@ def read_log(run_dir):
 
 
 def read_results(path, l0=None, columns=TABLE_COLUMNS):
-    """The rows of a results CSV (ours or the published one) with types and each run's L₀.
-
-    λ and c take the paper's defaults where a head uses them and the CSV leaves them empty, and
-    are dropped where a head ignores them, so equal runs compare equal.
-    """
+    """The rows of a results CSV (ours or the published one) with types and each run's L₀."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give the results CSV in it ({path / 'results.csv'}"
                          f", made by `python sweep.py collect {path}`)")
     with open(regular_file(path, "make it with `python sweep.py collect DIR`"), newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
+        if missing := [c for c in columns if c not in (reader.fieldnames or [])]:
             raise ValueError(f"{path} has no column {', '.join(missing)}; this needs "
                              f"{', '.join(columns)} (as `sweep.py collect` writes them)")
         rows = []
@@ -298,6 +287,9 @@ def boolean(text):
 
 
 def _typed_row(raw, l0):
+    """One CSV row typed and checked. λ and c take the paper's defaults where a head uses them
+    and the CSV leaves them empty, and are dropped where it ignores them, so equal runs compare
+    equal; L₀ is l0, else the run's init_loss, else the paper's value for its size."""
     row = dict(raw)
     row.update(lr=_number(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),
@@ -308,16 +300,15 @@ def _typed_row(raw, l0):
     if row.get("seed") not in (None, "") and not str(row["seed"]).isdigit():
         raise ValueError(f"seed is {row['seed']}, but it must be an integer >= 0")
     for name in RULES:
-        rule = breaks_rule(name, row[name]) if row[name] is not None else None
-        if rule:
+        if rule := breaks_rule(name, row[name]) if row[name] is not None else None:
             raise ValueError(f"{name} is {raw.get(name) or 'empty'}, but it must be {rule}")
     for name, _ in METRICS + PRECISION_METRICS:
         row[name] = _number(row.get(name))
-    if l0 is None and not math.isfinite(row["init_loss"]) and row["size"] not in L0_BY_SIZE:
+    own = row["init_loss"] if math.isfinite(row["init_loss"]) else L0_BY_SIZE.get(row["size"])
+    if l0 is None and own is None:
         raise ValueError(f"no loss at initialisation for size {row['size']!r} (no init_loss "
                          f"value); pass --l0")
-    row["l0"] = (l0 if l0 is not None else row["init_loss"] if math.isfinite(row["init_loss"])
-                 else L0_BY_SIZE[row["size"]])
+    row["l0"] = own if l0 is None else l0
     return row
 
 
@@ -328,19 +319,18 @@ def label_settings(rows):
     dtypes = {row.get("dtype") or "" for row in rows}
     seeds = sorted({int(row["seed"]) for row in rows if row.get("seed") not in (None, "")})
     for row in rows:
-        if len(dtypes) > 1:
-            row["size"] += f" {row.get('dtype') or 'default'}"
+        row["size"] += f" {row.get('dtype') or 'default'}" if len(dtypes) > 1 else ""
         if row.get("seed") not in (None, "") and int(row["seed"]) != seeds[0]:
             row["size"] += f" seed{row['seed']}"
     return rows
 
 
 # -----------------------------------------------------------------------------
-# tables: Markdown (the paper's layout, rows said in words) + CSV (one row per cell)
+# tables: Markdown (the paper's layout, what the rows are in words) + CSV (one row per cell)
 
 LOSS, LRS = "(i) Optimal loss min_η L (↓)", "(ii) Learning rate sensitivity LRS (↓)"
 TIME = "(iii) Additional training time (↓)"
-TIME_SPREAD = 1.1  # the most max/min of the times of one cell's runs that still measures the head
+TIME_SPREAD = 1.1  # the most max/min of one cell's run times that still measures the head
 NOT_COMPARABLE = ("n/c: not comparable, the runs of this variant or of its baseline took times "
                   f"more than {TIME_SPREAD:g}× apart for the same work at other η, so the "
                   "machine's load, not the head, set them (a shared CPU does that).")
@@ -351,8 +341,7 @@ ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/�
              "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
 
 
-def row_header(cells):
-    """What a table's rows are, in words: model sizes, or sizes with their dtype and seed."""
+def _row_header(cells):
     return "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
 
 
@@ -360,26 +349,24 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     """Rows = sizes, columns = variants; the best value of each row in bold (best=None: none)."""
     variants = sorted({c.variant for c in cells}, key=variant_order)
     at = {(c.size, c.variant): value(c) for c in cells}
-    lines = [f"| {row_header(cells)} | " + " | ".join(variant_label(v, show_lam) for v in variants)
-             + " |", "|---" * (len(variants) + 1) + "|"]
+    lines = [f"| {_row_header(cells)} | " + " | ".join(variant_label(v, show_lam)
+                                                       for v in variants) + " |",
+             "|---" * (len(variants) + 1) + "|"]
     for size in sorted({c.size for c in cells}, key=size_order):
         values = [at.get((size, v), math.nan) for v in variants]
         finite = [x for x in values if not isinstance(x, str) and math.isfinite(x)]
         top = fmt(best(finite)) if best and finite else None
         texts = [x if isinstance(x, str) else fmt(x) if math.isfinite(x) else "–" for x in values]
-        lines.append(f"| {size} | " + " | ".join(f"**{t}**" if t == top else t for t in texts)
-                     + " |")  # ties at the shown precision are all bold
+        texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
+        lines.append(f"| {size} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
 
 def time_text(cell, cells):
     """(iii)'s entry: the additional time in %, or "n/c" where a time figure means nothing."""
-    def steady(c):
-        times = [r["train_time_s"] for r in c.rows
-                 if not r["diverged"] and math.isfinite(r["train_time_s"])]
-        return not times or max(times) <= TIME_SPREAD * min(times)
-    base = baseline_of(cell, cells)
-    return 100 * extra_time(cell, cells) if steady(cell) and (not base or steady(base)) else "n/c"
+    steady = [not (t := _times(c.rows)) or max(t) <= TIME_SPREAD * min(t)
+              for c in (cell, baseline_of(cell, cells)) if c is not None]
+    return 100 * extra_time(cell, cells) if all(steady) else "n/c"
 
 
 def bf16_resolution(row):
@@ -395,22 +382,13 @@ def per_lr_table(cells, text):
     """Rows = size and variant, columns = learning rates; a cell is text(cell, loss, row) for
     the run at that η (its loss as LRS counts it, its results row), "–" where none ran."""
     lrs = sorted({lr for c in cells for lr in c.lrs})
-    lines = [f"| {row_header(cells)} | head | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
+    lines = [f"| {_row_header(cells)} | head | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
              "|---" * (len(lrs) + 2) + "|"]
     for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
         by_lr = dict(zip(c.lrs, zip(c.losses, c.rows)))
         texts = [text(c, *by_lr[lr]) if lr in by_lr else "–" for lr in lrs]
         lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
-
-
-def resolution_text(c, loss, row):
-    resolution = bf16_resolution(row) if row["logit_std"] > 0 else math.nan
-    return f"{loss - c.optimal_loss:.2f} ({resolution:.2g})"
-
-
-def alignment_text(c, loss, row):  # l̄/‖μ‖, "–" where ‖μ‖ = 0
-    return f"{row['logit_mean'] / row['mu_norm']:.2f}" if row["mu_norm"] > 0 else "–"
 
 
 def markdown_report(cells, mean="published", l0=None):
@@ -439,9 +417,12 @@ def markdown_report(cells, mean="published", l0=None):
             parts.append(NOT_COMPARABLE)
         rows = [row for c in main for row in c.rows]
         if any(math.isfinite(row["logit_absmax"]) for row in rows):
-            parts += [RESOLUTION, per_lr_table(main, resolution_text)]
+            parts += [RESOLUTION, per_lr_table(main, lambda c, loss, row: (
+                f"{loss - c.optimal_loss:.2f} "
+                f"({bf16_resolution(row) if row['logit_std'] > 0 else math.nan:.2g})"))]
         if any(row["mu_norm"] > 0 for row in rows):  # NaN > 0 is False
-            parts += [ALIGNMENT, per_lr_table(main, alignment_text)]
+            parts += [ALIGNMENT, per_lr_table(main, lambda c, loss, row: (
+                f"{row['logit_mean'] / row['mu_norm']:.2f}" if row["mu_norm"] > 0 else "–"))]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
             parts += [f"## {head} for several λ, {tying}",
@@ -465,8 +446,8 @@ def table_csv(cells, mean="published"):
 
 
 # -----------------------------------------------------------------------------
-# figures: Fig. 2/8 (loss vs η per size, LRS vs size), Fig. 3 (logit statistics vs η), Fig. 4
-# (λ) and curves over training; each has one legend, below its panels, that covers no data
+# figures: Fig. 2/8 (loss vs η per column, LRS per column), Fig. 3 (logit statistics vs η),
+# Fig. 4 (λ) and curves over training, each with one legend, outside its panels
 
 def _pyplot():
     import matplotlib
@@ -475,24 +456,19 @@ def _pyplot():
     return plt
 
 
-def _lines(cells, ref_cells):
-    """(cell, line style, label suffix): our runs solid, the paper's dashed."""
-    return [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
-
-
 def _columns(cells):
-    """{column: its title} in order: a column that lacks some of the figure's variants (a second
-    seed run for two heads only) says which ran, so no reader looks for the others."""
-    variants, titles = {c.variant for c in cells}, {}
+    """{column: its title}, sizes (or size, dtype, seed) in order; a column that lacks some of
+    the figure's variants (a second seed run for two heads) says which ran there."""
+    titles, variants = {}, {c.variant for c in cells}
     for column in sorted({c.size for c in cells}, key=size_order):
         here = sorted({c.variant for c in cells if c.size == column}, key=variant_order)
-        only = " and ".join(map(variant_label, here))
-        titles[column] = column if len(here) == len(variants) else f"{column}\n(only {only} run)"
+        only = f"\n(only {' and '.join(map(variant_label, here))} run)"
+        titles[column] = column + (only if len(here) < len(variants) else "")
     return titles
 
 
 def _finish(fig, title):
-    """The figure's title, and its one legend (each label once) outside the panels."""
+    """The figure's title, and its one legend (each label once) below the panels."""
     handles = {}
     for ax in fig.axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -504,74 +480,65 @@ def _finish(fig, title):
 
 
 def _log_scale(ax, scale, values):
-    """A log or symlog (linear within ±1) y axis for these (finite) values. Within about a
-    decade its ticks are 1, 2, 5 × 10ᵏ, so that it still shows several labels; every label is
-    written out."""
+    """A log or symlog (linear within ±1) y axis for these finite values, every tick label
+    written out; within about a decade the ticks are 1, 2, 5 × 10ᵏ, so there are several."""
     from matplotlib import ticker
     positive = [abs(v) for v in values if v != 0] or [1.0]
     low = max(min(positive), 1.0) if scale == "symlog" else min(positive)
     subs = (1, 2, 5) if max(positive) < 10 * low else (1,)
-    if scale == "symlog":
-        ax.set_yscale("symlog", linthresh=1.0)
-        ax.yaxis.set_major_locator(ticker.SymmetricalLogLocator(base=10, linthresh=1.0, subs=subs))
-        if 0 <= min(values, default=0.0) < 1:  # not down to −1, where no value lies
-            ax.set_ylim(bottom=-0.3)
-    else:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(ticker.LogLocator(subs=subs))
+    ax.set_yscale(scale, **({"linthresh": 1.0} if scale == "symlog" else {}))
+    ax.yaxis.set_major_locator(ticker.SymmetricalLogLocator(base=10, linthresh=1.0, subs=subs)
+                               if scale == "symlog" else ticker.LogLocator(subs=subs))
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    if scale == "symlog" and 0 <= min(values, default=0.0) < 1:
+        ax.set_ylim(bottom=-0.3)  # not down to −1, where no value lies
 
 
 def figures(cells, ref_cells=()):
-    """Yield (file stem, figure) for each figure of these cells, ref_cells (the paper's) dashed
-    beside them; each figure is drawn when asked for and closed when the next one is."""
+    """Yield (file stem, figure) for each figure, ref_cells (the paper's) dashed beside ours;
+    each figure is drawn when asked for and closed when the next one is."""
     plt = _pyplot()
     for tie in sorted({c.tie for c in cells}):
         tying = "tied" if tie else "untied"
         ours, ref = main_cells(cells, tie), main_cells(ref_cells, tie)
-        drawn = [(f"fig2_loss_lrs_{tying}", lambda: _loss_and_lrs(
+        drawn = {f"fig2_loss_lrs_{tying}": lambda: _loss_and_lrs(
                      plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
-                     lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})")),
-                 (f"fig3_logits_{tying}", lambda: _metrics(
+                     lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})"),
+                 f"fig3_logits_{tying}": lambda: _metrics(
                      plt, ours, ref, f"Logit statistics, ‖μ‖ and the head's rounding vs "
-                                     f"learning rate ({tying})"))]
+                                     f"learning rate ({tying})")}
         for head in swept_lambda_heads(cells, tie):
-            drawn.append((f"fig4_lambda_{head}_{tying}",
-                          lambda head=head: _lambda_figure(plt, cells, ref_cells, tie, head)))
-        for stem, draw in drawn:
-            fig = draw()
-            yield stem, fig
+            def fig4(head=head):  # Fig. 2's layout for one head, a colour per λ
+                mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
+                                for source in (cells, ref_cells))
+                lams = sorted({c.lam for c in mine + theirs})
+                return _loss_and_lrs(plt, mine, theirs, lambda c: plt.get_cmap("viridis")(
+                    0.9 * lams.index(c.lam) / max(len(lams) - 1, 1)), lambda c: f"λ={c.lam:g}",
+                    f"{head}: λ sensitivity ({tying})")
+            drawn[f"fig4_lambda_{head}_{tying}"] = fig4
+        for stem, draw in drawn.items():
+            yield stem, (fig := draw())
             plt.close(fig)
 
 
-def _lambda_figure(plt, cells, ref_cells, tie, head):
-    """Fig. 4: Fig. 2's layout for one head, a colour per λ."""
-    ours, ref = ([c for c in source if c.tie == tie and c.head == head]
-                 for source in (cells, ref_cells))
-    lams = sorted({c.lam for c in ours + ref})
-    color = lambda c: plt.get_cmap("viridis")(0.9 * lams.index(c.lam) / max(len(lams) - 1, 1))
-    return _loss_and_lrs(plt, ours, ref, color, lambda c: f"λ={c.lam:g}",
-                         f"{head}: λ sensitivity ({'tied' if tie else 'untied'})")
-
-
 def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
-    """Top row: min(L(η), L₀) vs η, a panel per column, zoomed on the optimum (up to 30% above
-    it, as the paper's Fig. 2) with each point beyond the top marked on the edge with its value;
-    below (beside, for one column): LRS per column."""
+    """Top: min(L(η), L₀) vs η, a panel per column, zoomed on the optimum (up to 30% above it,
+    as the paper's Fig. 2; a point beyond is marked on the edge with its value). Below (beside,
+    for one column): LRS per column, model sizes as an axis (lines, as the paper's), settings of
+    one size (dtype, seed) as categories (markers, side by side). Dashed: the paper's runs."""
     columns = _columns(cells + ref_cells)
-    one, by_size = len(columns) == 1, _columns_are_sizes(columns)
+    one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
+    lines = [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
     fig = plt.figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),
                      layout="constrained")
     grid = fig.add_gridspec(1 if one else 2, max(len(columns), 2))
     for i, (column, column_title) in enumerate(columns.items()):
         ax = fig.add_subplot(grid[0, i])
-        here = [line for line in _lines(cells, ref_cells) if line[0].size == column]
-        shared = here if by_size else _lines(cells, ref_cells)  # settings columns share an axis
-        losses = [loss for c, _, _ in shared for loss in c.losses]
-        low, high = min(losses), min(max(losses), 1.3 * min(losses))
+        losses = [x for c, _, _ in lines if c.size == column or not by_size for x in c.losses]
+        low, high = min(losses), min(max(losses), 1.3 * min(losses))  # settings share an axis
         low, top = low - (0.05 * (high - low) or 0.05), high + (0.05 * (high - low) or 0.05)
-        for c, style, suffix in here:
+        for c, style, suffix in (line for line in lines if line[0].size == column):
             ax.plot(c.lrs, c.losses, color=color_of(c), label=label_of(c) + suffix, **style)
             for lr, loss in ((lr, loss) for lr, loss in zip(c.lrs, c.losses) if loss > top):
                 ax.plot(lr, top, marker="^", ms=7, color=color_of(c), clip_on=False)
@@ -580,39 +547,26 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
         ax.set(xscale="log", title=column_title, xlabel="learning rate η", ylim=(low, top),
                ylabel="loss min(L, L₀)")
         ax.grid(alpha=0.3)
-    lrs_ax = fig.add_subplot(grid[0, 1] if one else grid[1, :min(len(columns), 3)])
-    _plot_lrs(lrs_ax, list(columns), by_size, cells, ref_cells, color_of, label_of)
-    return _finish(fig, title)
-
-
-def _columns_are_sizes(columns):
-    """Whether the figure's columns are model sizes (an axis), not settings of one size."""
-    return len(columns) > 1 and all(" " not in column for column in columns)
-
-
-def _plot_lrs(ax, columns, by_size, cells, ref_cells, color_of, label_of):
-    """LRS per column. Model sizes are an axis (lines, as the paper's Fig. 2); columns that are
-    settings of one size (dtype, seed) are categories: markers only, side by side per variant.
-    The axis is linear from 0 unless the values span more than a factor of 10 (then log)."""
+    ax = fig.add_subplot(grid[0, 1] if one else grid[1, :min(len(columns), 3)])
     variants = sorted({c.variant for c in cells + ref_cells}, key=variant_order)
-    for source, style, suffix in ((cells, SOLID, ""), (ref_cells, DASHED, " (paper)")):
-        for k, variant in enumerate(variants):
-            line = sorted((c for c in source if c.variant == variant),
-                          key=lambda c: size_order(c.size))
-            dodge = 0 if by_size else 0.5 * (k + 0.5) / len(variants) - 0.25
-            if line:
-                ax.plot([columns.index(c.size) + dodge for c in line],
+    for k, variant in enumerate(variants):
+        for source, style, suffix in ((cells, SOLID, ""), (ref_cells, DASHED, " (paper)")):
+            if line := sorted((c for c in source if c.variant == variant),
+                              key=lambda c: size_order(c.size)):
+                dodge = 0 if by_size else 0.5 * (k + 0.5) / len(variants) - 0.25
+                ax.plot([list(columns).index(c.size) + dodge for c in line],
                         [c.lrs_value for c in line], color=color_of(line[0]),
                         label=label_of(line[0]) + suffix,
                         **(style if by_size else {**style, "ls": "none", "ms": 6}))
     values = [c.lrs_value for c in cells + ref_cells if math.isfinite(c.lrs_value)]
-    ax.set(xticks=range(len(columns)), xticklabels=columns, ylabel="LRS", xlim=(-0.5,
-           len(columns) - 0.5), xlabel="model size N" if by_size else "runs (size, dtype, seed)")
-    if values and min(values) > 0 and max(values) > 10 * min(values):
+    ax.set(xticks=range(len(columns)), xticklabels=list(columns), ylabel="LRS", xlim=(
+        -0.5, len(columns) - 0.5), xlabel="model size N" if by_size else "runs (size, dtype, seed)")
+    if values and min(values) > 0 and max(values) > 10 * min(values):  # else linear from 0
         _log_scale(ax, "log", values)
     else:
         ax.set_ylim(0, 1.1 * max(values, default=1.0))
     ax.grid(alpha=0.3)
+    return _finish(fig, title)
 
 
 def _metrics(plt, cells, ref_cells, title):
@@ -629,23 +583,20 @@ def _metrics(plt, cells, ref_cells, title):
         3.3 * shape[1], 6.6) if one else (3.2 * shape[1] + 1, 2.6 * shape[0]))
     for ax in grid.flat[len(metrics):] if one else ():
         ax.set_visible(False)
-    panels = {(metric, column): grid.flat[i] if one else grid[i][j]
-              for i, (metric, _) in enumerate(metrics) for j, column in enumerate(columns)}
-    for c, style, suffix in _lines(cells, ref_cells):
-        for metric, _ in metrics:
-            panels[metric, c.size].plot(c.lrs, [row[metric] for row in c.rows], label=variant_label(
-                c.variant) + suffix, color=HEAD_COLORS.get(c.head, "k"), **style)
     for i, (metric, label) in enumerate(metrics):
-        values = [r[metric] for c in cells + ref_cells for r in c.rows
-                  if math.isfinite(r[metric])]
-        for column, column_title in columns.items():
-            ax = panels[metric, column]
-            ax.set(xscale="log", ylabel=UNITS[metric], title=textwrap.fill(label, 30) if one or i
-                   else f"{column_title}\n{textwrap.fill(label, 30)}")
+        values = [r[metric] for c in cells + ref_cells for r in c.rows if math.isfinite(r[metric])]
+        for j, (column, column_title) in enumerate(columns.items()):
+            ax, label = grid.flat[i] if one else grid[i][j], textwrap.fill(label, 30)
+            for c, style, suffix in [(c, SOLID, "") for c in cells] + [
+                    (c, DASHED, " (paper)") for c in ref_cells]:
+                if c.size == column:
+                    ax.plot(c.lrs, [row[metric] for row in c.rows], color=HEAD_COLORS.get(
+                        c.head, "k"), label=variant_label(c.variant) + suffix, **style)
+            ax.set(xscale="log", ylabel=UNITS[metric],
+                   title=label if one or i else f"{column_title}\n{label}",
+                   xlabel="learning rate η" if one or i == len(metrics) - 1 else None)
             if max(map(abs, values), default=0.0) > 50:
                 _log_scale(ax, "symlog", values)
-            if one or i == len(metrics) - 1:
-                ax.set_xlabel("learning rate η")
             if all(r[metric] == 0 for c in cells + ref_cells if c.size == column for r in c.rows):
                 ax.text(0.5, 0.6, "0 at every η", transform=ax.transAxes, ha="center")
             ax.grid(alpha=0.3)
@@ -655,7 +606,7 @@ def _metrics(plt, cells, ref_cells, title):
 CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), METRICS[2], METRICS[0],
           ("h_mu_proj", "mean hidden state along μ: h̄·μ̂ = l̄/‖μ‖"), METRICS[3],
           *PRECISION_METRICS)
-# the settings a curve figure names: in its title where the runs share them, else in the legend
+# the settings a curves figure names: in its title where the runs share them, else in labels
 CURVE_SETTINGS = {"size": "{} model", "lr": "η = {}", "tie": "", "dtype": "{} matmuls",
                   "seed": "seed {}", "lam": "λ = {}", "cap": "c = {}", "steps": "{} steps",
                   "batch_size": "batches of {}", "seq_len": "{}-token sequences",
@@ -668,56 +619,40 @@ def _setting(key, value):
     return ("tied" if value else "untied") if key == "tie" else CURVE_SETTINGS[key].format(value)
 
 
-def curve_labels(configs):
-    """A legend label per run: its head and the settings in which the runs differ,
-    e.g. 'baseline, seed 1'; configs = {run name: its config.json (or {})}."""
-    differ = [key for key in CURVE_SETTINGS
-              if len({str(config.get(key)) for config in configs.values()}) > 1]
-    return {name: ", ".join([str(config.get("head", Path(name).name))] +
-                            [_setting(key, config.get(key)) for key in differ])
-            for name, config in configs.items()}
-
-
-def curves_title(configs):
-    """The runs' heads and the settings they share, e.g. 'baseline vs mu_center: tiny model,
-    η = 1, untied, bfloat16 matmuls, 300 steps, ...'."""
-    heads = dict.fromkeys(str(config.get("head", Path(name).name))
-                          for name, config in configs.items())
-    shared = [_setting(key, values.pop()) for key in CURVE_SETTINGS
-              for values in [{config.get(key) for config in configs.values()}]
-              if len(values) == 1 and None not in values]
-    return " vs ".join(heads) + (": " + ", ".join(shared) if shared else "")
-
-
 def curves_figure(logs, configs=None):
     """The quantities of CURVES vs step, one line per run: logs = {run name: log records},
-    configs = {run name: its config.json}. A head has one colour (HEAD_COLORS) in every figure
-    and its runs one line style each; a series of few points (validation losses) gets markers,
-    and a panel no run logged is left out."""
+    configs = {run name: its config.json}. The title names the heads and the settings the runs
+    share; each line is labelled by its head and the settings that differ. A head has one
+    colour (HEAD_COLORS) in every figure and its runs a line style each; a series of few points
+    (validation losses) gets markers, and a panel no run logged is left out."""
     configs = configs or {name: {} for name in logs}
-    labels, styles, seen = curve_labels(configs), {}, {}
-    for name in logs:
-        head = configs[name].get("head")
-        styles[name] = dict(color=HEAD_COLORS.get(head, f"C{len(styles)}"),
-                            ls=LINE_STYLES[seen.get(head, 0) % len(LINE_STYLES)])
-        seen[head] = seen.get(head, 0) + 1
-    curves = [(key, title) for key, title in CURVES
+    heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
+    values = {key: {str(config.get(key)) for config in configs.values()} for key in CURVE_SETTINGS}
+    shared = [_setting(key, next(iter(configs.values())).get(key)) for key in CURVE_SETTINGS
+              if values[key] != {"None"} and len(values[key]) == 1]
+    differ = [key for key in CURVE_SETTINGS if len(values[key]) > 1]
+    title = " vs ".join(dict.fromkeys(heads.values())) + (": " + ", ".join(shared) if shared else "")
+    curves = [(key, text) for key, text in CURVES
               if any(r.get(key) is not None for records in logs.values() for r in records)]
-    ncols = math.ceil(len(curves) / 2)
-    fig, axes = _pyplot().subplots(2, ncols, figsize=(4 * ncols, 7.5), squeeze=False,
-                                   layout="constrained")
+    fig, axes = _pyplot().subplots(2, math.ceil(len(curves) / 2), squeeze=False,
+                                   figsize=(4 * math.ceil(len(curves) / 2), 7.5), layout="constrained")
     for ax in axes.flat[len(curves):]:
         ax.set_visible(False)
-    for ax, (key, title) in zip(axes.flat, curves):
-        values = []
+    for ax, (key, text) in zip(axes.flat, curves):
+        seen, drawn = {}, []
         for name, records in logs.items():
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            head = configs[name].get("head")
+            style = dict(color=HEAD_COLORS.get(head, f"C{list(logs).index(name)}"),
+                         ls=LINE_STYLES[seen.get(head, 0) % len(LINE_STYLES)])
+            seen[head] = seen.get(head, 0) + 1
             if points:
-                ax.plot(*zip(*points), label=labels[name], lw=1.2, ms=4,
-                        marker="o" if len(points) <= FEW_POINTS else None, **styles[name])
-                values += [v for _, v in points if math.isfinite(v)]
-        if max(map(abs, values), default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
-            _log_scale(ax, "symlog", values)
-        ax.set(title=textwrap.fill(title, 34), xlabel="step", ylabel=UNITS[key])
+                label = ", ".join([heads[name]] + [_setting(k, configs[name].get(k)) for k in differ])
+                ax.plot(*zip(*points), label=label, lw=1.2, ms=4,
+                        marker="o" if len(points) <= FEW_POINTS else None, **style)
+                drawn += [v for _, v in points if math.isfinite(v)]
+        if max(map(abs, drawn), default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
+            _log_scale(ax, "symlog", drawn)
+        ax.set(title=textwrap.fill(text, 34), xlabel="step", ylabel=UNITS[key])
         ax.grid(alpha=0.3)
-    return _finish(fig, curves_title(configs))
+    return _finish(fig, title)

@@ -1,6 +1,6 @@
 """
-sweep.py — the paper's experiments as sweeps of train.py runs, and the command line that turns
-their results into the paper's tables and figures (report.py).
+sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
+results into the paper's tables and figures (drawn by report.py).
 
     python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100  # one at a time
     python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3              # four at once
@@ -9,24 +9,11 @@ their results into the paper's tables and figures (report.py).
     python sweep.py table runs/paper/results.csv    # Tables 2/3/6: Markdown + CSV
     python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
 
-Grids (Sec. 3–5 of the paper): `paper` = 7 learning rates × 5 sizes × tied/untied × 5 heads
-(λ = 1e-4 for z_loss and mu_loss, c = 30 for soft_cap); `lambda` = λ ∈ {1e-7, 1e-4, 1e-1, 1e2}
-× {z_loss, mu_loss} × 7 learning rates × 5 sizes, untied; `proxy` = the CPU proxy below;
-`custom` = what --sizes, --lrs and --heads say. Any axis flag narrows or replaces a grid's axis,
-and every option sweep.py does not know is passed on to train.py unchanged, so a short proxy
-sweep is one command.
-
-Each point is one train.py run folder, OUT/{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}]
-[_{dtype}][_seed{n}], its numbers as short as `:g` writes them (0.001, 1e-07) and longer only
-where that would not give the value back, so two values never share a folder. A run is finished
-when its summary.json exists (a diverged run too) and its config.json records the settings
-asked: the grid's and the options passed on to train.py. Re-running the same command skips
-finished runs and retries the others, with --resume where a ckpt.pt survived. A command whose
-folders hold runs of other settings (other --steps, say) is refused before anything starts, so
-stale results are never reported as its own; give it another --out.
-
-sweep.py talks to train.py through its command line and run folders only; it writes files with
-store.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
+Options sweep.py does not know go to train.py unchanged, after the grid's own, so they win. Each
+point is one run folder, OUT/NAME (Run.name); it is finished when its summary.json exists (a
+diverged run too) and its config.json records the settings asked. The same command again skips
+finished runs and resumes the others; folders holding runs of other settings (other --steps,
+say) are refused before anything starts, so stale results are never reported as this command's.
 """
 import argparse
 import os
@@ -47,28 +34,30 @@ from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
 # -----------------------------------------------------------------------------
-# the paper's grids (Eq. 19–21, 23) and the CPU proxy
+# the grids: the paper's (Eq. 19–21, 23) and the CPU proxy
 
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
-# The CPU proxy of the paper's result (README, "What you should see"): the tiny model on real
-# text, the paper's learning rates from 1e-2 extended upward to 1 (a short run needs a larger
-# η for μ to grow as it does over the paper's 100,000 steps; at η = 3 the logits blow up to
-# ~10², the CPU slows down on denormals and every head ends worse), float32 against bf16
-# matmuls, untied for every head and tied for baseline and μ-centering: 5 η × 2 dtypes ×
-# (5 + 2) = 70 runs of 300 steps, about 75 minutes on two idle CPU cores with --jobs 2. Its
-# train.py settings come first; options given on the command line come after them and win.
+# The paper's code draws every batch from a random shard at random windows, seeded, so its
+# seeds vary the data order as well as the weights: its grids do the same.
+PAPER_TRAIN_ARGS = ("--data_order", "random")
+# The CPU proxy (experiments/proxy): the tiny model on Shakespeare, the paper's η from 1e-2 up to
+# 1 (a short run needs a larger η for μ to grow as in 100,000 steps), float32 against bf16
+# matmuls, untied for every head and tied for baseline and μ-centering: 70 runs of 300 steps.
+# Its committed runs read the text in order, so it keeps that order and stays reproducible.
 PROXY_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 PROXY_TRAIN_ARGS = ("--device", "cpu", "--steps", "300", "--warmup", "15", "--batch_size", "4",
                     "--micro_batch", "4", "--seq_len", "64", "--loss_chunk", "256",
                     "--eval_every", "100", "--eval_tokens", "8192", "--stat_tokens", "4096",
-                    "--log_every", "20", "--data", "data/shakespeare")
+                    "--log_every", "20", "--data", "data/shakespeare", "--data_order",
+                    "sequential")
 GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
 GRIDS = {
     "paper": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=HEADS,
-                  ties=(False, True), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,)),
+                  ties=(False, True), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
+                  train_args=PAPER_TRAIN_ARGS),
     "lambda": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=LAMBDA_HEADS,
-                   ties=(False,), lams=LAMBDAS, caps=(DEFAULT_CAP,)),
+                   ties=(False,), lams=LAMBDAS, caps=(DEFAULT_CAP,), train_args=PAPER_TRAIN_ARGS),
     "proxy": dict(sizes=("tiny",), lrs=PROXY_LRS, heads=HEADS, ties=(False, True),
                   tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
                   dtypes=("float32", "bfloat16"), seeds=(0,), train_args=PROXY_TRAIN_ARGS),
@@ -76,11 +65,10 @@ GRIDS = {
                    caps=(None,)),
 }
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
-# train.py options that the grid sets per run and the user therefore must not pass through
+# train.py options that the grid sets per run, so the user must not pass them through
 GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap", "--dtype",
                 "--seed", "--out_dir", "--resume")
-# train.py settings that say when a run logs, saves or stops, not what it computes: a finished
-# run with other values of these still counts as finished
+# when a run logs, saves or stops, not what it computes: a run with other values still counts
 SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
@@ -89,8 +77,7 @@ USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 def short(x):
     """x with the fewest significant digits (6 or more, as :g) that give x back exactly."""
     for digits in range(6, 18):
-        text = f"{x:.{digits}g}"
-        if float(text) == x:
+        if float(text := f"{x:.{digits}g}") == x:
             return text
     return repr(x)  # NaN
 
@@ -108,18 +95,13 @@ class Run:
 
     @property
     def name(self):
-        """The run folder's name:
-        {size}_{head}_lr{lr}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
+        """{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}], numbers by short(),
+        so two values never share a folder."""
         name = f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}"
-        if self.lam is not None:
-            name += f"_lam{short(self.lam)}"
-        if self.cap is not None:
-            name += f"_cap{short(self.cap)}"
-        if self.dtype is not None:
-            name += f"_{self.dtype}"
-        if self.seed is not None:
-            name += f"_seed{self.seed}"
-        return name
+        name += f"_lam{short(self.lam)}" if self.lam is not None else ""
+        name += f"_cap{short(self.cap)}" if self.cap is not None else ""
+        name += f"_{self.dtype}" if self.dtype is not None else ""
+        return name + (f"_seed{self.seed}" if self.seed is not None else "")
 
     def train_args(self):
         """train.py's options for this point; numbers in full (repr)."""
@@ -128,8 +110,7 @@ class Run:
         args += ["--lam", repr(self.lam)] if self.lam is not None else []
         args += ["--cap", repr(self.cap)] if self.cap is not None else []
         args += ["--dtype", self.dtype] if self.dtype is not None else []
-        args += ["--seed", str(self.seed)] if self.seed is not None else []
-        return args
+        return args + (["--seed", str(self.seed)] if self.seed is not None else [])
 
     def settings(self):
         """What this point asks of train.py, by config.json's names (None: train.py's default)."""
@@ -147,20 +128,17 @@ def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, ca
     """
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
-    axes = dict(GRIDS[grid])
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
                  dtypes=dtypes, seeds=seeds)
-    axes.update({axis: tuple(values) for axis, values in given.items() if values})
+    axes = {**GRIDS[grid], **{axis: tuple(values) for axis, values in given.items() if values}}
     check_axes(grid, axes)
     runs = []
-    tied_heads = axes["tied_heads"] or axes["heads"]
     for size, head, tie, dtype, seed, lr in product(axes["sizes"], axes["heads"], axes["ties"],
                                                     axes["dtypes"], axes["seeds"], axes["lrs"]):
-        if tie and head not in tied_heads:
-            continue
-        lams = axes["lams"] if head in LAMBDA_HEADS else (None,)
-        caps = axes["caps"] if head == "soft_cap" else (None,)
-        runs += [Run(size, head, lr, tie, lam, cap, dtype, seed) for lam in lams for cap in caps]
+        if not tie or head in (axes["tied_heads"] or axes["heads"]):
+            runs += [Run(size, head, lr, tie, lam, cap, dtype, seed)
+                     for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
+                     for cap in (axes["caps"] if head == "soft_cap" else (None,))]
     return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
 
 
@@ -175,19 +153,15 @@ def check_axes(grid, axes):
     if unknown:
         raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
     problems = []
-    unknown = [size for size in axes["sizes"] if size not in SIZES]
-    if unknown:
+    if unknown := [size for size in axes["sizes"] if size not in SIZES]:
         problems.append(f"--sizes {' '.join(unknown)} (each must be one of {', '.join(SIZES)})")
     for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
-        bad = [value for value in axes[axis] if value is not None
-               and report.breaks_rule(setting, value)]
-        if bad:
+        if bad := [v for v in axes[axis] if v is not None and report.breaks_rule(setting, v)]:
             problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be "
                             f"{report.RULES[setting][0]})")
-    bad_seeds = [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]
-    if bad_seeds:
-        problems.append(f"--seeds {' '.join(map(str, bad_seeds))} (each must be an integer "
-                        f"from 0 to 2^64 − 1)")
+    if bad := [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]:
+        problems.append(f"--seeds {' '.join(map(str, bad))} (each must be an integer from 0 to "
+                        f"2^64 − 1)")
     if problems:
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
@@ -217,64 +191,55 @@ def passed_settings(train_args):
     return settings
 
 
+def _paths(value):
+    """--data's value (one path or several) as a list; [] for a bare flag."""
+    return [value] if isinstance(value, str) else value if isinstance(value, list) else []
+
+
+def _number(text):
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 def same_setting(name, asked, recorded):
     """Whether config.json's value is the one asked (asked may be the command line's text)."""
     if isinstance(asked, bool) or isinstance(recorded, bool) or recorded is None:
         return asked == recorded
     if isinstance(recorded, (int, float)):
         try:
-            return _number(asked) == recorded
+            return (asked if isinstance(asked, (int, float)) else _number(asked)) == recorded
         except ValueError:
             return False
-    if name == "data":  # paths: the same folder or text files however they are written
-        def paths(value):
-            return [os.path.realpath(path) for path in ([value] if isinstance(value, str)
-                                                        else value)]
-        return paths(asked) == paths(recorded)
+    if name == "data":  # the same folder or text files however their paths are written
+        return ([os.path.realpath(p) for p in _paths(asked)]
+                == [os.path.realpath(p) for p in _paths(recorded)])
     return str(asked) == str(recorded)
 
 
-def recorded_settings(config):
-    """config.json's settings as they were asked: text files given as --data are recorded as
-    "text" (the files) and "data" (the folder train.py tokenized them into, data/text/NAME-KEY,
-    named by their content), so --data is the text files there."""
-    return {**config, "data": config["text"]} if config.get("text") else config
-
-
-def _number(value):
-    if isinstance(value, (int, float)):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        return float(value)
-
-
 def differences(run_dir, asked):
-    """The settings asked that the run folder records otherwise, in words ([] if none); a
-    folder with summary.json but no config.json was not written by train.py."""
+    """The settings asked that the run folder records otherwise, in words ([] if none). Text
+    files given as --data are recorded as "text" (and "data" is their tokenized folder)."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
     try:
-        config = recorded_settings(report.json_object(config_path))
+        config = report.json_object(config_path)
     except ValueError:
         return ["a config.json that is not a JSON object"]
+    config = {**config, "data": config["text"]} if config.get("text") else config
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
             if name in config and not same_setting(name, value, config[name])]
 
 
 def check_run_folders(runs, out, train_args):
-    """Refuse, before anything starts, folders of the grid that hold a run of other settings
-    (its config.json against the grid's settings and the options passed on to train.py, except
-    the scheduling ones and "auto" values that train.py resolves)."""
+    """Refuse folders of the grid that hold a run of other settings than the grid's and the
+    options passed on to train.py (but the scheduling ones and "auto", which train.py resolves)."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
-    stale = {}
-    for run in runs:
-        found = differences(Path(out) / run.name, {**run.settings(), **passed})
-        if found:
-            stale[run.name] = found
+    stale = {run.name: found for run in runs
+             if (found := differences(Path(out) / run.name, {**run.settings(), **passed}))}
     if stale:
         name, found = next(iter(stale.items()))
         raise ValueError(f"{len(stale)} run folder(s) in {out} hold runs of other settings than "
@@ -302,8 +267,7 @@ def train_command(run, out, extra_args, nproc_per_node=1):
     """The command line of one local run; --resume where an earlier attempt left a checkpoint."""
     run_dir = Path(out) / run.name
     args = [str(TRAIN_PY), *run.train_args(), "--out_dir", str(run_dir), *extra_args]
-    if (run_dir / "ckpt.pt").exists():
-        args.append("--resume")
+    args += ["--resume"] if (run_dir / "ckpt.pt").exists() else []
     if nproc_per_node > 1:  # torchrun picks a free port itself with --standalone
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={nproc_per_node}", *args]
@@ -326,54 +290,49 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM takes the same way out as Ctrl-C
 
 
-def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
-    """Run every run, len(slots) at a time; returns the names of those that failed.
+def _start(run, slot, out, extra_args, slots, nproc_per_node):
+    """Start one run: with one slot it prints to this terminal, else to OUT/logs/NAME.log."""
+    cmd = train_command(run, out, extra_args, nproc_per_node)
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
+    if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
+        env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
+    log = open(Path(out) / "logs" / f"{run.name}.log", "a") if len(slots) > 1 else None
+    print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
+          f"{f' on GPU {slot}' if slot else ''}", flush=True)
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT if log else None), log
 
-    With one slot train.py prints to this terminal; with several each run's output goes to
-    OUT/logs/NAME.log. An interrupt stops the runs in flight, which resume on the next call.
-    """
-    pending, running, failed, free = list(runs), {}, [], list(slots)
-    durations, total = [], len(runs)
-    log_dir = Path(out) / "logs"
+
+def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
+    """Run every run, len(slots) at a time; returns the names of those that failed. An
+    interrupt stops the runs in flight, which resume on the next call."""
+    pending, running, failed, free, durations = list(runs), {}, [], list(slots), []
     if len(slots) > 1:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
     on_sigint = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         while pending or running:
             while pending and free:
                 run, slot = pending.pop(0), free.pop(0)
-                cmd = train_command(run, out, extra_args, nproc_per_node)
-                env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
-                if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
-                    env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
-                log = open(log_dir / f"{run.name}.log", "a") if len(slots) > 1 else None
-                where = f" on GPU {slot}" if slot else ""
-                print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}{where}",
-                      flush=True)
-                proc = subprocess.Popen(cmd, env=env, stdout=log,
-                                        stderr=subprocess.STDOUT if log else None)
+                proc, log = _start(run, slot, out, extra_args, slots, nproc_per_node)
                 running[proc] = (run, slot, log, time.time())
             time.sleep(POLL_S)
             for proc in [p for p in running if p.poll() is not None]:
                 run, slot, log, started = running.pop(proc)
                 free.append(slot)
-                if log:
-                    log.close()
+                log and log.close()
                 ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
-                status = "done" if ok else f"FAILED (exit {proc.returncode})"
                 durations.append(time.time() - started)
                 left = len(pending) + len(running)
                 eta = sum(durations) / len(durations) * left / len(slots)
-                print(f"sweep: {status} {run.name} in {durations[-1]:.0f} s; "
-                      f"{total - left}/{total} ended, ETA {eta / 60:.0f} min", flush=True)
-                if not ok:
-                    failed.append(run.name)
-                if proc.returncode == USAGE_ERROR and pending:
-                    # the options every run shares are wrong: the other runs would fail alike
-                    output = log.name if log else "see above"
-                    print(f"sweep: train.py refused its command line ({output}); the other "
-                          f"{len(pending)} runs were not started", flush=True)
+                print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {run.name} "
+                      f"in {durations[-1]:.0f} s; {len(runs) - left}/{len(runs)} ended, ETA "
+                      f"{eta / 60:.0f} min", flush=True)
+                failed += [] if ok else [run.name]
+                if proc.returncode == USAGE_ERROR and pending:  # the others would fail alike
+                    print(f"sweep: train.py refused its command line ("
+                          f"{log.name if log else 'see above'}); the other {len(pending)} runs "
+                          f"were not started", flush=True)
                     failed += [run.name for run in pending]
                     pending.clear()
     except BaseException:  # Ctrl-C, SIGTERM, a closed stdout: stop the runs in flight
@@ -381,8 +340,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
         for proc, (_, _, log, _) in running.items():
             proc.terminate()
             proc.wait()
-            if log:
-                log.close()
+            log and log.close()
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -390,11 +348,13 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
     return failed
 
 
+# Array task i runs line i (0-based) of the run list, "RUN_DIR TRAIN_ARGS...", with one torchrun
+# per node (srun); the nodes meet through c10d on the allocation's first node, at a port of the
+# task's own so tasks sharing a node do not collide.
 SBATCH_TEMPLATE = """#!/bin/bash
-# A SLURM job array of train.py runs, written by sweep.py: array task i runs line i (0-based)
-# of the run list with one torchrun. Each line is "RUN_DIR TRAIN_ARGS...". A task whose run
-# already has summary.json exits at once; one that finds a ckpt.pt resumes from it. The job
-# runs in the environment sbatch was called from: activate the one with torch first.
+# A SLURM job array of train.py runs, written by sweep.py; it runs in the environment sbatch
+# was called from (activate the one with torch first). A finished run exits at once, one with a
+# ckpt.pt resumes.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
@@ -402,20 +362,14 @@ SBATCH_TEMPLATE = """#!/bin/bash
 #SBATCH --gpus-per-node={nproc}
 #SBATCH --output={log_dir}/%A_%a.out
 #SBATCH --chdir={cwd}
-{extra_sbatch}
-# Multi-node runs: write the script with `sweep.py run ... --nodes N`. srun then starts one
-# torchrun per node and they meet through the c10d rendezvous on the first node of the task's
-# allocation (--rdzv_endpoint); each array task gets its own port so tasks sharing a node do
-# not collide. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE for train.py.
-set -euo pipefail
+{extra_sbatch}set -euo pipefail
 RUN_LIST={run_list}
 eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST"))"
 RUN_DIR="${{RUN[0]}}"
 if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
 RESUME=""
 if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
-# The first node of the allocation. No pipe into `head`: head exits after one line, and under
-# pipefail the SIGPIPE that scontrol then gets (exit 141) would end the task.
+# no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
 NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD_NODE=${{NODES%%$'\\n'*}}
 PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))
@@ -428,60 +382,28 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 
 def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options=(),
                 array_limit=0):
-    """Write OUT/slurm/runs_STAMP.txt and OUT/slurm/sweep_STAMP.sbatch; returns the script.
-
-    A new pair per call, so an array still queued keeps reading the list it was written for.
-    """
-    out = Path(out).resolve()
-    slurm_dir = out / "slurm"
+    """Write OUT/slurm/runs_STAMP.txt and OUT/slurm/sweep_STAMP.sbatch; returns the script. A
+    new pair per call, so an array still queued keeps reading the list it was written for."""
+    slurm_dir = Path(out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    run_list = slurm_dir / f"runs_{stamp}.txt"
-    lines = [shlex.join([str(out / run.name), *run.train_args(), *extra_args]) for run in runs]
-    store.write_atomic(run_list, "".join(line + "\n" for line in lines))
-    array = f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else "")
-    script = SBATCH_TEMPLATE.format(
-        array=array, nodes=nodes, nproc=nproc_per_node, log_dir=slurm_dir / "logs",
+    run_list, script = slurm_dir / f"runs_{stamp}.txt", slurm_dir / f"sweep_{stamp}.sbatch"
+    store.write_atomic(run_list, "".join(shlex.join([str(slurm_dir.parent / run.name),
+                       *run.train_args(), *extra_args]) + "\n" for run in runs))
+    store.write_atomic(script, SBATCH_TEMPLATE.format(
+        array=f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else ""), nodes=nodes,
+        nproc=nproc_per_node, log_dir=slurm_dir / "logs",
         cwd=Path.cwd(),  # where relative paths among the options (--data ...) were meant
         extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
-        run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY)))
-    script_path = slurm_dir / f"sweep_{stamp}.sbatch"
-    store.write_atomic(script_path, script)
-    return script_path
-
-
-def submit(script_path):
-    sbatch = shutil.which("sbatch")
-    if sbatch is None:
-        raise SystemExit(f"sbatch was not found on PATH, so nothing was submitted; on a SLURM "
-                         f"login node run: sbatch {script_path}")
-    subprocess.run([sbatch, str(script_path)], check=True)
-
-
-def check_pass_through(extra_args):
-    """Refuse train.py options that the grid sets itself (a typo such as --lr for --lrs)."""
-    for arg in extra_args:
-        option = arg.split("=", 1)[0]
-        if option in GRID_OPTIONS:
-            raise ValueError(f"{option} is set per run by the sweep; give the grid's axes "
-                             f"instead (--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
-
-
-def missing_data(train_args):
-    """The paths of the last --data among train.py's options that do not exist, joined; ''."""
-    if "--data" not in train_args:
-        return ""
-    start = len(train_args) - train_args[::-1].index("--data")
-    paths = []
-    for arg in train_args[start:]:
-        if arg.startswith("--"):
-            break
-        paths.append(arg)
-    return " ".join(path for path in paths if not Path(path).exists())
+        run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY))))
+    return script
 
 
 def cmd_run(args, extra_args):
-    check_pass_through(extra_args)
+    for option in (arg.split("=", 1)[0] for arg in extra_args):  # a typo such as --lr for --lrs
+        if option in GRID_OPTIONS:
+            raise ValueError(f"{option} is set per run by the sweep; give the grid's axes "
+                             f"instead (--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
     runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps,
                        args.dtypes, args.seeds)
     extra_args = [*GRIDS[args.grid]["train_args"], *extra_args]  # the user's options win
@@ -493,21 +415,27 @@ def cmd_run(args, extra_args):
     if args.dry_run:
         for run in todo:
             print(shlex.join(train_command(run, args.out, extra_args, args.nproc_per_node)))
-        if todo and missing_data(extra_args):
-            print(f"sweep: note: --data {missing_data(extra_args)} does not exist yet; the runs "
-                  f"fail until it does (make it with prepare.py)")
-        return 0
-    if not todo:
-        return 0
-    if args.launcher == "slurm":
+        missing = [p for p in _paths(passed_settings(extra_args).get("data")) if not Path(p).exists()]
+        if todo and missing:
+            print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
+                  f"until it does (make it with prepare.py)")
+    elif todo and args.launcher == "slurm":
         script = write_slurm(todo, args.out, extra_args, args.nproc_per_node, args.nodes,
                              args.sbatch, args.array_limit)
         print(f"sweep: wrote {script} ({len(todo)} array tasks)")
-        if args.submit:
-            submit(script)
-        else:
+        if not args.submit:
             print(f"sweep: submit it with: sbatch {script}")
-        return 0
+        elif not shutil.which("sbatch"):
+            raise SystemExit(f"sbatch was not found on PATH, so nothing was submitted; on a "
+                             f"SLURM login node run: sbatch {script}")
+        else:
+            subprocess.run([shutil.which("sbatch"), str(script)], check=True)
+    elif todo:
+        return run_local(args, todo, len(runs), extra_args)
+    return 0
+
+
+def run_local(args, todo, total, extra_args):
     if not TRAIN_PY.exists():
         raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
     store.make_folder(args.out)
@@ -522,71 +450,58 @@ def cmd_run(args, extra_args):
         print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
               f"again to retry them", flush=True)
         return 1
-    print(f"sweep: all {len(runs)} runs finished", flush=True)
+    print(f"sweep: all {total} runs finished", flush=True)
     return 0
 
 
 # -----------------------------------------------------------------------------
-# collect: run folders -> results.csv
-
-def collect(run_root, out_csv=None):
-    """Every summary.json under run_root -> one results.csv row each, written atomically."""
-    out_csv = Path(out_csv) if out_csv else Path(run_root) / "results.csv"
-    store.write_atomic(out_csv, report.results_csv(run_root))
-    return out_csv
-
-
-# -----------------------------------------------------------------------------
-# table, plot, curves: report.py's text and figures, written atomically
+# collect, table, plot, curves: report.py's text and figures, written atomically
 
 def save_figure(fig, folder, stem):
     """FOLDER/STEM.png and .pdf, each complete or not there at all."""
-    paths = [Path(folder) / f"{stem}.{ext}" for ext in ("png", "pdf")]
-    for path in paths:
+    for path in (Path(folder) / f"{stem}.png", Path(folder) / f"{stem}.pdf"):
         with store.open_atomic(path) as f:
             fig.savefig(f, format=path.suffix[1:], dpi=120)
-    return paths
+        print(f"sweep: wrote {path}")
+
+
+def cmd_collect(args):
+    out_csv = Path(args.out or Path(args.dir) / "results.csv")
+    store.write_atomic(out_csv, report.results_csv(args.dir))
+    print(f"sweep: wrote {out_csv}")
 
 
 def cmd_table(args):
-    """Print the tables; with --out also write them there (table.md, table.csv): a CSV's own
-    folder may be one the user would not expect files in (tests/data for the paper's runs)."""
+    """Print the tables; with --out also write table.md and table.csv there (a CSV's own folder
+    may be one the user would not expect files in: tests/data for the paper's runs)."""
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
     print(markdown)
     if not args.out:
         print("sweep: pass --out DIR to write table.md and table.csv")
-        return 0
+        return
     out = store.make_folder(args.out)
     store.write_atomic(out / "table.md", markdown)
     store.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
     print(f"sweep: wrote {out / 'table.md'} and {out / 'table.csv'}")
-    return 0
 
 
 def cmd_plot(args):
     columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)  # Fig. 3's too
-    cells = report.reduce_runs(report.read_results(args.results, args.l0, columns),
-                               args.lrs_mean)
-    ref_cells = (report.reduce_runs(report.read_results(args.reference, columns=columns),
-                                    args.lrs_mean) if args.reference else [])
+    cells, ref_cells = (report.reduce_runs(report.read_results(path, args.l0 if ours else None,
+                                                               columns), args.lrs_mean)
+                        if path else [] for ours, path in ((1, args.results), (0, args.reference)))
     out = store.make_folder(args.out or Path(args.results).parent)
     for stem, fig in report.figures(cells, ref_cells):
-        for path in save_figure(fig, out, stem):
-            print(f"sweep: wrote {path}")
-    return 0
+        save_figure(fig, out, stem)
 
 
 def cmd_curves(args):
-    """Curves over training of a few runs (log.jsonl, coloured by the head in config.json):
-    report.CURVES vs step, into OUT/NAME.png and .pdf."""
+    """report.CURVES vs step of a few runs (their log.jsonl; config.json names the heads)."""
     logs = {run: report.read_log(run) for run in args.runs}
     configs = {run: report.json_object(Path(run) / "config.json")
                if (Path(run) / "config.json").exists() else {} for run in args.runs}
-    fig = report.curves_figure(logs, configs)
-    for path in save_figure(fig, store.make_folder(args.out), args.name):
-        print(f"sweep: wrote {path}")
-    return 0
+    save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
 
 
 # -----------------------------------------------------------------------------
@@ -597,8 +512,7 @@ def parse_args(argv=None):
                                      allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", allow_abbrev=False,
-                              help="launch a grid of train.py runs "
-                                   "(unknown options go to train.py)")
+                              help="launch a grid of train.py runs (unknown options go to train.py)")
     run.add_argument("--grid", required=True, choices=tuple(GRIDS))
     run.add_argument("--sizes", nargs="+", help="model sizes (paper: 16M 29M 57M 109M 221M)")
     run.add_argument("--lrs", nargs="+", type=float, help="learning rates (paper: 3e-4 ... 3e-1)")
@@ -637,11 +551,9 @@ def parse_args(argv=None):
         sub.add_argument("--out", help="output folder (table: none, print only; plot: the "
                                         "CSV's folder)")
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
-                         help="divide the LRS sum by n_η − 1 (published tables) "
-                              "or n_η (Eq. 22)")
-        sub.add_argument("--l0", type=store.positive_float,
-                         help="loss at initialisation for every run "
-                              "(default: init_loss, else 10.83/10.85 by size)")
+                         help="divide the LRS sum by n_η − 1 (published tables) or n_η (Eq. 22)")
+        sub.add_argument("--l0", type=store.positive_float, help="loss at initialisation for "
+                         "every run (default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
             sub.add_argument("--reference",
                              help="a CSV of the paper's runs to draw beside ours (dashed)")
@@ -658,14 +570,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, extra = parse_args(argv)
+    commands = {"collect": cmd_collect, "table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
     try:
-        if args.command == "run":
-            return cmd_run(args, extra)
-        if args.command == "collect":
-            print(f"sweep: wrote {collect(args.dir, args.out)}")
-            return 0
-        commands = {"table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
-        return commands[args.command](args)
+        return cmd_run(args, extra) if args.command == "run" else commands[args.command](args) or 0
     except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended

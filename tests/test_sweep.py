@@ -195,6 +195,31 @@ def test_proxy_train_settings_come_first_so_the_command_line_wins(tmp_path, caps
     assert command[command.index("--data") + 1] == "data/shakespeare"
 
 
+def test_the_papers_grids_vary_the_data_order_with_the_seed_and_the_proxy_keeps_its_own(
+        tmp_path, capsys):
+    """The paper's code draws each batch from a random shard at random windows, seeded, so its
+    seeds vary the data order too: its grids pass --data_order random. The proxy's committed
+    runs read the text in order, so the proxy grid keeps that order; custom leaves train.py's."""
+    def commands(*argv):
+        assert sweep.main(["run", *argv, "--out", str(tmp_path), "--dry_run"]) == 0
+        return [line.split() for line in capsys.readouterr().out.splitlines()
+                if not line.startswith("sweep: ")]  # the count, a note on missing --data
+
+    def order(command):
+        return [command[i + 1] for i, arg in enumerate(command) if arg == "--data_order"]
+    paper = commands("--grid", "paper", "--sizes", "16M", "--lrs", "1e-3", "--seeds", "0", "1")
+    assert len(paper) == 2 * 2 * 5 and all(order(c) == ["random"] for c in paper)
+    assert {c[c.index("--seed") + 1] for c in paper} == {"0", "1"}
+    assert all(order(c) == ["random"] for c in commands("--grid", "lambda", "--lrs", "1e-3"))
+    assert all(order(c) == ["sequential"] for c in commands("--grid", "proxy", "--lrs", "1"))
+    [custom] = commands("--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--heads",
+                        "baseline")
+    assert order(custom) == []
+    [mine] = commands("--grid", "paper", "--sizes", "16M", "--lrs", "1e-3", "--heads", "baseline",
+                      "--tie", "false", "--data_order", "sequential")
+    assert order(mine) == ["random", "sequential"]  # the user's comes last: argparse keeps it
+
+
 def test_dtype_and_seed_columns_label_the_table_columns():
     rows = [{"size": "tiny", "dtype": d, "seed": n} for d in ("float32", "bfloat16")
             for n in ("0", "1")] + [{"size": "16M", "dtype": "float32", "seed": "0"}]
