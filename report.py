@@ -98,8 +98,9 @@ class Cell:
         return (self.head, self.lam, self.cap)
 
 
-def _times(rows):
-    return [r["train_time_s"] for r in rows if not r["diverged"] and math.isfinite(r["train_time_s"])]
+def _times(rows):  # of the runs that did not diverge
+    return [r["train_time_s"] for r in rows
+            if not r["diverged"] and math.isfinite(r["train_time_s"])]
 
 
 def reduce_runs(rows, mean="published"):
@@ -467,6 +468,11 @@ def _columns(cells):
     return titles
 
 
+def _lines(cells, ref_cells):
+    """(cell, style, label suffix) for each line: our runs solid, the paper's dashed."""
+    return [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
+
+
 def _finish(fig, title):
     """The figure's title, and its one legend (each label once) below the panels."""
     handles = {}
@@ -504,7 +510,8 @@ def figures(cells, ref_cells=()):
         ours, ref = main_cells(cells, tie), main_cells(ref_cells, tie)
         drawn = {f"fig2_loss_lrs_{tying}": lambda: _loss_and_lrs(
                      plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
-                     lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})"),
+                     lambda c: variant_label(c.variant),
+                     f"Loss vs learning rate, and LRS ({tying})"),
                  f"fig3_logits_{tying}": lambda: _metrics(
                      plt, ours, ref, f"Logit statistics, ‖μ‖ and the head's rounding vs "
                                      f"learning rate ({tying})")}
@@ -529,7 +536,7 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
     one size (dtype, seed) as categories (markers, side by side). Dashed: the paper's runs."""
     columns = _columns(cells + ref_cells)
     one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
-    lines = [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
+    lines = _lines(cells, ref_cells)
     fig = plt.figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),
                      layout="constrained")
     grid = fig.add_gridspec(1 if one else 2, max(len(columns), 2))
@@ -559,8 +566,9 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
                         label=label_of(line[0]) + suffix,
                         **(style if by_size else {**style, "ls": "none", "ms": 6}))
     values = [c.lrs_value for c in cells + ref_cells if math.isfinite(c.lrs_value)]
-    ax.set(xticks=range(len(columns)), xticklabels=list(columns), ylabel="LRS", xlim=(
-        -0.5, len(columns) - 0.5), xlabel="model size N" if by_size else "runs (size, dtype, seed)")
+    ax.set(xticks=range(len(columns)), xticklabels=list(columns), ylabel="LRS",
+           xlim=(-0.5, len(columns) - 0.5),
+           xlabel="model size N" if by_size else "runs (size, dtype, seed)")
     if values and min(values) > 0 and max(values) > 10 * min(values):  # else linear from 0
         _log_scale(ax, "log", values)
     else:
@@ -585,13 +593,13 @@ def _metrics(plt, cells, ref_cells, title):
         ax.set_visible(False)
     for i, (metric, label) in enumerate(metrics):
         values = [r[metric] for c in cells + ref_cells for r in c.rows if math.isfinite(r[metric])]
+        label = textwrap.fill(label, 30)
         for j, (column, column_title) in enumerate(columns.items()):
-            ax, label = grid.flat[i] if one else grid[i][j], textwrap.fill(label, 30)
-            for c, style, suffix in [(c, SOLID, "") for c in cells] + [
-                    (c, DASHED, " (paper)") for c in ref_cells]:
-                if c.size == column:
-                    ax.plot(c.lrs, [row[metric] for row in c.rows], color=HEAD_COLORS.get(
-                        c.head, "k"), label=variant_label(c.variant) + suffix, **style)
+            ax = grid.flat[i] if one else grid[i][j]
+            for c, style, suffix in (line for line in _lines(cells, ref_cells)
+                                     if line[0].size == column):
+                ax.plot(c.lrs, [row[metric] for row in c.rows], color=HEAD_COLORS.get(c.head, "k"),
+                        label=variant_label(c.variant) + suffix, **style)
             ax.set(xscale="log", ylabel=UNITS[metric],
                    title=label if one or i else f"{column_title}\n{label}",
                    xlabel="learning rate η" if one or i == len(metrics) - 1 else None)
@@ -627,28 +635,30 @@ def curves_figure(logs, configs=None):
     (validation losses) gets markers, and a panel no run logged is left out."""
     configs = configs or {name: {} for name in logs}
     heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
-    values = {key: {str(config.get(key)) for config in configs.values()} for key in CURVE_SETTINGS}
-    shared = [_setting(key, next(iter(configs.values())).get(key)) for key in CURVE_SETTINGS
-              if values[key] != {"None"} and len(values[key]) == 1]
-    differ = [key for key in CURVE_SETTINGS if len(values[key]) > 1]
-    title = " vs ".join(dict.fromkeys(heads.values())) + (": " + ", ".join(shared) if shared else "")
+    first = next(iter(configs.values()))
+    seen = {key: {str(config.get(key)) for config in configs.values()} for key in CURVE_SETTINGS}
+    shared = [_setting(key, first.get(key)) for key in CURVE_SETTINGS
+              if seen[key] != {"None"} and len(seen[key]) == 1]
+    differ = [key for key in CURVE_SETTINGS if len(seen[key]) > 1]
+    title = " vs ".join(dict.fromkeys(heads.values())) + ": " * bool(shared) + ", ".join(shared)
     curves = [(key, text) for key, text in CURVES
               if any(r.get(key) is not None for records in logs.values() for r in records)]
-    fig, axes = _pyplot().subplots(2, math.ceil(len(curves) / 2), squeeze=False,
-                                   figsize=(4 * math.ceil(len(curves) / 2), 7.5), layout="constrained")
+    ncols = math.ceil(len(curves) / 2)
+    fig, axes = _pyplot().subplots(2, ncols, figsize=(4 * ncols, 7.5), squeeze=False,
+                                   layout="constrained")
     for ax in axes.flat[len(curves):]:
         ax.set_visible(False)
     for ax, (key, text) in zip(axes.flat, curves):
-        seen, drawn = {}, []
-        for name, records in logs.items():
+        runs_of_head, drawn = {}, []
+        for i, (name, records) in enumerate(logs.items()):
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             head = configs[name].get("head")
-            style = dict(color=HEAD_COLORS.get(head, f"C{list(logs).index(name)}"),
-                         ls=LINE_STYLES[seen.get(head, 0) % len(LINE_STYLES)])
-            seen[head] = seen.get(head, 0) + 1
+            n = runs_of_head[head] = runs_of_head.get(head, -1) + 1
+            style = dict(color=HEAD_COLORS.get(head, f"C{i}"),
+                         ls=LINE_STYLES[n % len(LINE_STYLES)])
             if points:
-                label = ", ".join([heads[name]] + [_setting(k, configs[name].get(k)) for k in differ])
-                ax.plot(*zip(*points), label=label, lw=1.2, ms=4,
+                words = [_setting(key, configs[name].get(key)) for key in differ]
+                ax.plot(*zip(*points), label=", ".join([heads[name], *words]), lw=1.2, ms=4,
                         marker="o" if len(points) <= FEW_POINTS else None, **style)
                 drawn += [v for _, v in points if math.isfinite(v)]
         if max(map(abs, drawn), default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0

@@ -9,11 +9,10 @@ results into the paper's tables and figures (drawn by report.py).
     python sweep.py table runs/paper/results.csv    # Tables 2/3/6: Markdown + CSV
     python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
 
-Options sweep.py does not know go to train.py unchanged, after the grid's own, so they win. Each
-point is one run folder, OUT/NAME (Run.name); it is finished when its summary.json exists (a
-diverged run too) and its config.json records the settings asked. The same command again skips
-finished runs and resumes the others; folders holding runs of other settings (other --steps,
-say) are refused before anything starts, so stale results are never reported as this command's.
+Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
+run folder OUT/Run.name, finished when it has summary.json and its config.json records what was
+asked; the same command again skips finished runs and resumes the others. Folders holding runs
+of other settings are refused before anything starts: stale results are never reported.
 """
 import argparse
 import os
@@ -38,13 +37,10 @@ from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
-# The paper's code draws every batch from a random shard at random windows, seeded, so its
-# seeds vary the data order as well as the weights: its grids do the same.
+# The paper's code draws each batch from a random shard at random windows, seeded: its grids too.
 PAPER_TRAIN_ARGS = ("--data_order", "random")
-# The CPU proxy (experiments/proxy): the tiny model on Shakespeare, the paper's η from 1e-2 up to
-# 1 (a short run needs a larger η for μ to grow as in 100,000 steps), float32 against bf16
-# matmuls, untied for every head and tied for baseline and μ-centering: 70 runs of 300 steps.
-# Its committed runs read the text in order, so it keeps that order and stays reproducible.
+# The CPU proxy (experiments/proxy): a short run needs η up to 1 for μ to grow as over the
+# paper's 100,000 steps. Its committed runs read the text in order: it keeps that order.
 PROXY_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 PROXY_TRAIN_ARGS = ("--device", "cpu", "--steps", "300", "--warmup", "15", "--batch_size", "4",
                     "--micro_batch", "4", "--seq_len", "64", "--loss_chunk", "256",
@@ -52,12 +48,11 @@ PROXY_TRAIN_ARGS = ("--device", "cpu", "--steps", "300", "--warmup", "15", "--ba
                     "--log_every", "20", "--data", "data/shakespeare", "--data_order",
                     "sequential")
 GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
+PAPER_GRID = dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, caps=(DEFAULT_CAP,),
+                  train_args=PAPER_TRAIN_ARGS)
 GRIDS = {
-    "paper": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=HEADS,
-                  ties=(False, True), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
-                  train_args=PAPER_TRAIN_ARGS),
-    "lambda": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=LAMBDA_HEADS,
-                   ties=(False,), lams=LAMBDAS, caps=(DEFAULT_CAP,), train_args=PAPER_TRAIN_ARGS),
+    "paper": dict(PAPER_GRID, heads=HEADS, ties=(False, True), lams=(DEFAULT_LAM,)),
+    "lambda": dict(PAPER_GRID, heads=LAMBDA_HEADS, ties=(False,), lams=LAMBDAS),
     "proxy": dict(sizes=("tiny",), lrs=PROXY_LRS, heads=HEADS, ties=(False, True),
                   tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
                   dtypes=("float32", "bfloat16"), seeds=(0,), train_args=PROXY_TRAIN_ARGS),
@@ -65,11 +60,9 @@ GRIDS = {
                    caps=(None,)),
 }
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
-# train.py options that the grid sets per run, so the user must not pass them through
 GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap", "--dtype",
-                "--seed", "--out_dir", "--resume")
-# when a run logs, saves or stops, not what it computes: a run with other values still counts
-SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")
+                "--seed", "--out_dir", "--resume")  # set per run: not the user's to pass
+SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")  # not what a run computes
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 
@@ -95,8 +88,7 @@ class Run:
 
     @property
     def name(self):
-        """{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}], numbers by short(),
-        so two values never share a folder."""
+        """{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
         name = f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}"
         name += f"_lam{short(self.lam)}" if self.lam is not None else ""
         name += f"_cap{short(self.cap)}" if self.cap is not None else ""
@@ -120,12 +112,9 @@ class Run:
 
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
                 dtypes=None, seeds=None):
-    """Every point of a grid, with any axis given here replacing the grid's own.
-
-    λ only multiplies the heads that have one (z_loss, mu_loss) and c only soft_cap, so the
-    paper grid is 7 × 5 × 2 × 5 = 350 runs and the λ grid 4 × 2 × 7 × 5 = 280. The proxy grid
-    ties only baseline and mu_center: 5 η × 2 dtypes × (5 heads + 2 tied) = 70 runs.
-    """
+    """Every point of a grid, an axis given here replacing the grid's own. λ only multiplies
+    z_loss and mu_loss and c only soft_cap: the paper grid is 7 η × 5 sizes × 2 ties × 5 heads =
+    350 runs, the λ grid 4 × 2 × 7 × 5 = 280, the proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
@@ -143,8 +132,7 @@ def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, ca
 
 
 def check_axes(grid, axes):
-    """Refuse a grid with a missing axis, an unknown head or any bad value, naming every bad
-    value at once, so that no run of a partly wrong grid starts."""
+    """Refuse a grid with a missing axis, an unknown head or bad values (all named at once)."""
     missing = [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]
     if missing:
         raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
@@ -174,9 +162,8 @@ def is_finished(run_dir):
 
 
 def passed_settings(train_args):
-    """Options passed on to train.py as {config.json name: value}: a bare --flag is True and
-    --no-flag is flag False, an option with several values (--data a.txt b.txt) a list; as in
-    argparse the last of a repeated option wins."""
+    """Options passed on to train.py as {config.json name: value}: --flag True, --no-flag False,
+    several values (--data a.txt b.txt) a list; the last of a repeated option wins."""
     settings = {}
     for i, arg in enumerate(train_args):
         if not arg.startswith("--"):
@@ -191,8 +178,7 @@ def passed_settings(train_args):
     return settings
 
 
-def _paths(value):
-    """--data's value (one path or several) as a list; [] for a bare flag."""
+def _paths(value):  # --data's value (one path or several) as a list
     return [value] if isinstance(value, str) else value if isinstance(value, list) else []
 
 
@@ -219,8 +205,7 @@ def same_setting(name, asked, recorded):
 
 
 def differences(run_dir, asked):
-    """The settings asked that the run folder records otherwise, in words ([] if none). Text
-    files given as --data are recorded as "text" (and "data" is their tokenized folder)."""
+    """The settings asked that the run folder records otherwise, in words ([] if none)."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
@@ -228,14 +213,15 @@ def differences(run_dir, asked):
         config = report.json_object(config_path)
     except ValueError:
         return ["a config.json that is not a JSON object"]
-    config = {**config, "data": config["text"]} if config.get("text") else config
+    if config.get("text"):  # text files given as --data: "data" is their tokenized folder
+        config["data"] = config["text"]
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
             if name in config and not same_setting(name, value, config[name])]
 
 
 def check_run_folders(runs, out, train_args):
-    """Refuse folders of the grid that hold a run of other settings than the grid's and the
-    options passed on to train.py (but the scheduling ones and "auto", which train.py resolves)."""
+    """Refuse folders of the grid holding runs of other settings than asked (but scheduling and
+    "auto", which train.py resolves)."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
     stale = {run.name: found for run in runs
@@ -286,10 +272,6 @@ def gpu_slots(gpus, nproc_per_node, jobs=1):
     return [",".join(ids[i:i + nproc_per_node]) for i in range(0, len(ids), nproc_per_node)]
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM takes the same way out as Ctrl-C
-
-
 def _start(run, slot, out, extra_args, slots, nproc_per_node):
     """Start one run: with one slot it prints to this terminal, else to OUT/logs/NAME.log."""
     cmd = train_command(run, out, extra_args, nproc_per_node)
@@ -299,7 +281,8 @@ def _start(run, slot, out, extra_args, slots, nproc_per_node):
     log = open(Path(out) / "logs" / f"{run.name}.log", "a") if len(slots) > 1 else None
     print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
           f"{f' on GPU {slot}' if slot else ''}", flush=True)
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT if log else None), log
+    stderr = subprocess.STDOUT if log else None
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=stderr), log
 
 
 def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
@@ -309,7 +292,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
     if len(slots) > 1:
         (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
     on_sigint = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the way out of Ctrl-C
     try:
         while pending or running:
             while pending and free:
@@ -320,7 +303,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
             for proc in [p for p in running if p.poll() is not None]:
                 run, slot, log, started = running.pop(proc)
                 free.append(slot)
-                log and log.close()
+                if log:
+                    log.close()
                 ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
                 durations.append(time.time() - started)
                 left = len(pending) + len(running)
@@ -340,7 +324,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
         for proc, (_, _, log, _) in running.items():
             proc.terminate()
             proc.wait()
-            log and log.close()
+            if log:
+                log.close()
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -348,13 +333,10 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
     return failed
 
 
-# Array task i runs line i (0-based) of the run list, "RUN_DIR TRAIN_ARGS...", with one torchrun
-# per node (srun); the nodes meet through c10d on the allocation's first node, at a port of the
-# task's own so tasks sharing a node do not collide.
+# Array task i runs line i (0-based) of the run list, "RUN_DIR TRAIN_ARGS...", one torchrun per
+# node; the nodes meet via c10d on the first node, at a port per task so tasks on a node differ.
 SBATCH_TEMPLATE = """#!/bin/bash
-# A SLURM job array of train.py runs, written by sweep.py; it runs in the environment sbatch
-# was called from (activate the one with torch first). A finished run exits at once, one with a
-# ckpt.pt resumes.
+# train.py runs as a SLURM job array, written by sweep.py; run it where torch is installed.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
@@ -382,8 +364,8 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 
 def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options=(),
                 array_limit=0):
-    """Write OUT/slurm/runs_STAMP.txt and OUT/slurm/sweep_STAMP.sbatch; returns the script. A
-    new pair per call, so an array still queued keeps reading the list it was written for."""
+    """Write OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch (a new pair per call: an array
+    still queued keeps its list); returns the script."""
     slurm_dir = Path(out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -415,8 +397,8 @@ def cmd_run(args, extra_args):
     if args.dry_run:
         for run in todo:
             print(shlex.join(train_command(run, args.out, extra_args, args.nproc_per_node)))
-        missing = [p for p in _paths(passed_settings(extra_args).get("data")) if not Path(p).exists()]
-        if todo and missing:
+        data = _paths(passed_settings(extra_args).get("data"))
+        if todo and (missing := [path for path in data if not Path(path).exists()]):
             print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
                   f"until it does (make it with prepare.py)")
     elif todo and args.launcher == "slurm":
@@ -488,9 +470,9 @@ def cmd_table(args):
 
 def cmd_plot(args):
     columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)  # Fig. 3's too
-    cells, ref_cells = (report.reduce_runs(report.read_results(path, args.l0 if ours else None,
-                                                               columns), args.lrs_mean)
-                        if path else [] for ours, path in ((1, args.results), (0, args.reference)))
+    cells = report.reduce_runs(report.read_results(args.results, args.l0, columns), args.lrs_mean)
+    ref_cells = report.reduce_runs(report.read_results(args.reference, columns=columns),
+                                   args.lrs_mean) if args.reference else []
     out = store.make_folder(args.out or Path(args.results).parent)
     for stem, fig in report.figures(cells, ref_cells):
         save_figure(fig, out, stem)
@@ -511,19 +493,19 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                      allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", allow_abbrev=False,
-                              help="launch a grid of train.py runs (unknown options go to train.py)")
+    run = commands.add_parser("run", allow_abbrev=False, help="launch a grid of train.py runs "
+                              "(unknown options go to train.py)")
     run.add_argument("--grid", required=True, choices=tuple(GRIDS))
-    run.add_argument("--sizes", nargs="+", help="model sizes (paper: 16M 29M 57M 109M 221M)")
-    run.add_argument("--lrs", nargs="+", type=float, help="learning rates (paper: 3e-4 ... 3e-1)")
-    run.add_argument("--heads", nargs="+", help=f"heads among {', '.join(HEADS)}")
-    run.add_argument("--tie", nargs="+", type=report.boolean,
-                     help="weight tying: false, true or both")
-    run.add_argument("--lams", nargs="+", type=float, help="λ for z_loss and mu_loss")
-    run.add_argument("--caps", nargs="+", type=float, help="c for soft_cap")
+    for option, kind, text in (("--sizes", str, "model sizes (paper: 16M 29M 57M 109M 221M)"),
+                               ("--lrs", float, "learning rates (paper: 3e-4 ... 3e-1)"),
+                               ("--heads", str, f"heads among {', '.join(HEADS)}"),
+                               ("--tie", report.boolean, "weight tying: false, true or both"),
+                               ("--lams", float, "λ for z_loss and mu_loss"),
+                               ("--caps", float, "c for soft_cap"),
+                               ("--seeds", int, "train.py --seed of each run")):
+        run.add_argument(option, nargs="+", type=kind, help=text)
     run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
                      help="train.py --dtype of each run (proxy: both)")
-    run.add_argument("--seeds", nargs="+", type=int, help="train.py --seed of each run")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
@@ -533,9 +515,8 @@ def parse_args(argv=None):
     run.add_argument("--nproc_per_node", type=store.positive_int, default=1,
                      help="processes (GPUs) per run; >1 uses torchrun")
     run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
-    run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
-                     help="slurm: extra #SBATCH options without the dashes, "
-                          "e.g. partition=gpu time=2-00:00:00")
+    run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE", help="slurm: extra "
+                     "#SBATCH options without the dashes, e.g. partition=gpu time=2-00:00:00")
     run.add_argument("--array_limit", type=store.non_negative_int, default=0,
                      help="slurm: at most this many tasks at once (0: no limit)")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
@@ -555,8 +536,7 @@ def parse_args(argv=None):
         sub.add_argument("--l0", type=store.positive_float, help="loss at initialisation for "
                          "every run (default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
-            sub.add_argument("--reference",
-                             help="a CSV of the paper's runs to draw beside ours (dashed)")
+            sub.add_argument("--reference", help="a CSV of the paper's runs to draw (dashed)")
     curves = commands.add_parser("curves", help="loss, ‖μ‖, logits and precision vs step of "
                                                 "some runs, as PNG + PDF")
     curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
@@ -572,7 +552,9 @@ def main(argv=None):
     args, extra = parse_args(argv)
     commands = {"collect": cmd_collect, "table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
     try:
-        return cmd_run(args, extra) if args.command == "run" else commands[args.command](args) or 0
+        if args.command == "run":
+            return cmd_run(args, extra)
+        return commands[args.command](args) or 0
     except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
