@@ -365,9 +365,11 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
 
 def time_text(cell, cells):
     """(iii)'s entry: the additional time in %, or "n/c" where a time figure means nothing."""
-    steady = [not (t := _times(c.rows)) or max(t) <= TIME_SPREAD * min(t)
-              for c in (cell, baseline_of(cell, cells)) if c is not None]
-    return 100 * extra_time(cell, cells) if all(steady) else "n/c"
+    for c in (cell, baseline_of(cell, cells)):
+        times = _times(c.rows) if c else []
+        if times and max(times) > TIME_SPREAD * min(times):
+            return "n/c"
+    return 100 * extra_time(cell, cells)
 
 
 def bf16_resolution(row):
@@ -544,7 +546,8 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
         ax = fig.add_subplot(grid[0, i])
         losses = [x for c, _, _ in lines if c.size == column or not by_size for x in c.losses]
         low, high = min(losses), min(max(losses), 1.3 * min(losses))  # settings share an axis
-        low, top = low - (0.05 * (high - low) or 0.05), high + (0.05 * (high - low) or 0.05)
+        pad = 0.05 * (high - low) or 0.05
+        low, top = low - pad, high + pad
         for c, style, suffix in (line for line in lines if line[0].size == column):
             ax.plot(c.lrs, c.losses, color=color_of(c), label=label_of(c) + suffix, **style)
             for lr, loss in ((lr, loss) for lr, loss in zip(c.lrs, c.losses) if loss > top):

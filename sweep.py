@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from itertools import product, takewhile
 from pathlib import Path
@@ -103,12 +103,6 @@ class Run:
         args += ["--cap", repr(self.cap)] if self.cap is not None else []
         args += ["--dtype", self.dtype] if self.dtype is not None else []
         return args + (["--seed", str(self.seed)] if self.seed is not None else [])
-
-    def settings(self):
-        """What this point asks of train.py, by config.json's names (None: train.py's default)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None}
-
 
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
                 dtypes=None, seeds=None):
@@ -224,8 +218,11 @@ def check_run_folders(runs, out, train_args):
     "auto", which train.py resolves)."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
-    stale = {run.name: found for run in runs
-             if (found := differences(Path(out) / run.name, {**run.settings(), **passed}))}
+    stale = {}
+    for run in runs:  # the run's settings have config.json's names; None: train.py's default
+        asked = {name: value for name, value in asdict(run).items() if value is not None}
+        if found := differences(Path(out) / run.name, {**asked, **passed}):
+            stale[run.name] = found
     if stale:
         name, found = next(iter(stale.items()))
         raise ValueError(f"{len(stale)} run folder(s) in {out} hold runs of other settings than "
