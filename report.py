@@ -621,7 +621,7 @@ CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), METRICS[2]
 CURVE_SETTINGS = {"size": "{} model", "lr": "η = {}", "tie": "", "dtype": "{} matmuls",
                   "seed": "seed {}", "lam": "λ = {}", "cap": "c = {}", "steps": "{} steps",
                   "batch_size": "batches of {}", "seq_len": "{}-token sequences",
-                  "data": "data {}"}
+                  "data": "on {}"}
 LINE_STYLES = ("-", "--", ":", "-.")
 FEW_POINTS = 12  # series with at most this many points get markers
 
