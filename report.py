@@ -1,10 +1,10 @@
 """
-report.py — a sweep's results as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and a
-few runs' logs as curves over training; sweep.py reads the run folders and writes the files.
+report.py — a results CSV as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and runs'
+logs as curves over training; sweep.py reads the run folders and writes the files.
 
-Learning-rate sensitivity (Wortsman et al. 2023; the paper's Eq. 22), for one size, tying and
-head over the n_η learning rates η of the sweep, with L(η) the final test loss (our validation
-split), L₀ the loss at initialisation (≈ ln V) and a diverged run counted as L₀:
+Learning-rate sensitivity (Wortsman et al. 2023; Eq. 22) of one size, tying and head over the
+n_η learning rates η swept, L(η) the final test loss (our validation split), L₀ the loss at
+initialisation (≈ ln V), a diverged run counted as L₀:
 
     LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
 
@@ -15,7 +15,6 @@ mean="literal" divides by n_η. Additional training time = mean train time / the
 """
 import csv
 import io
-import json
 import math
 import textwrap
 from dataclasses import dataclass
@@ -71,8 +70,7 @@ def capped_loss(row):
 
 
 def lr_sensitivity(losses, mean="published"):
-    """LRS of one size, tying and variant's capped losses: / (n_η − 1) ('published') or / n_η
-    ('literal'); NaN for one learning rate."""
+    """LRS of capped losses: / (n_η − 1) ('published') or / n_η ('literal'); NaN for one η."""
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
@@ -109,9 +107,8 @@ def reduce_runs(rows, mean="published"):
     for row in rows:
         group = groups.setdefault(tuple(row[k] for k in ("tie", "head", "lam", "cap", "size")), {})
         if row["lr"] in group:
-            raise ValueError(f"two results for {row['size']} {row['head']} lr={row['lr']:g} "
-                             f"tie={row['tie']} λ={row['lam']} c={row['cap']}; keep one run "
-                             f"per point")
+            raise ValueError(f"two results for {row['size']} {row['head']} lr={row['lr']:g} tie="
+                             f"{row['tie']} λ={row['lam']} c={row['cap']}; keep one run per point")
         group[row["lr"]] = row
     cells = []
     for key, by_lr in groups.items():
@@ -135,14 +132,13 @@ def variant_order(variant):
     return (HEADS.index(head) if head in HEADS else len(HEADS), head, lam or 0.0, cap or 0.0)
 
 
-def baseline_of(cell, cells):
-    """The baseline cell of the same size and tying, or None."""
+def baseline_of(cell, cells):  # of the same size and tying, or None
     return next((c for c in cells if c.head == "baseline" and c.size == cell.size
                  and c.tie == cell.tie), None)
 
 
 def extra_time(cell, cells):
-    """Additional training time relative to the baseline of the same size and tying."""
+    """Additional training time relative to the baseline."""
     base = baseline_of(cell, cells)
     ok = base is not None and base.train_time_s > 0
     return cell.train_time_s / base.train_time_s - 1.0 if ok else math.nan
@@ -168,13 +164,7 @@ def variant_label(variant, show_lam=False):
 
 
 # -----------------------------------------------------------------------------
-# reading: run folders -> a results CSV; a run's log; a results CSV -> typed rows
-
-RESULT_COLUMNS = ("size", "lr", "head", "lam", "cap", "tie", "dtype", "seed", "test_loss",
-                  "init_loss", "diverged", "mu_norm", "logit_mean", "logit_std", "logit_absmax",
-                  "mean_log2Z", "prec_ce_gap", "prec_err_cast", "prec_err_round", "h_mu_proj",
-                  "h_mu_cos", "steps", "tokens", "train_time_s", "run")
-
+# reading a results CSV (sweep.py collect writes ours from the run folders)
 
 def csv_cell(value):
     """A value as a CSV cell: empty for None, true/false, floats in full (repr)."""
@@ -185,44 +175,6 @@ def csv_cell(value):
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def json_object(path):
-    """The dict a JSON file holds; anything else, a pipe or device too (a read would block), is
-    refused in one sentence."""
-    try:
-        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
-    except ValueError:  # not UTF-8, not JSON
-        value = None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} is not a JSON object; it was not written by this project's "
-                         f"train.py")
-    return value
-
-
-def results_csv(run_root):
-    """Every summary.json under run_root -> the text of a CSV with one row each (train.py's
-    names; settings a summary lacks come from the run's config.json)."""
-    summaries = sorted(Path(run_root).rglob("summary.json"))
-    if not summaries:
-        raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
-                                f"... --out {run_root}` first")
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for path in summaries:
-        summary = json_object(path)
-        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
-        if missing := [key for key in needed if key not in summary]:
-            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
-                             f"project's train.py")
-        config = json_object(path.with_name("config.json")) if path.with_name(
-            "config.json").exists() else {}
-        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
-        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
-                   run=str(path.parent.relative_to(run_root)))                     # names
-        writer.writerow({column: csv_cell(value) for column, value in row.items()})
-    return buffer.getvalue()
-
-
 def regular_file(path, hint):
     """path if it is a regular file; else one sentence ending in hint (a pipe would block)."""
     if not path.exists():
@@ -230,22 +182,6 @@ def regular_file(path, hint):
     if not path.is_file():
         raise ValueError(f"{path} is not a regular file (a device or a pipe); {hint}")
     return path
-
-
-def read_log(run_dir):
-    """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
-    path = regular_file(Path(run_dir) / "log.jsonl", "give run folders written by train.py")
-    not_a_log = f"{path} is not a log of train.py (a line is not"
-    try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except ValueError:
-        raise ValueError(f"{not_a_log} JSON)") from None
-    if not records:
-        raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
-                         f"or leave it out")
-    if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
-        raise ValueError(f"{not_a_log} a JSON object with 'step' and 'loss')")
-    return records
 
 
 def read_results(path, l0=None, columns=TABLE_COLUMNS):
@@ -271,7 +207,7 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
 
 
 def _number(text, empty=math.nan):
-    """A CSV cell as a float; an empty cell (or a missing column) gives `empty`."""
+    """A CSV cell as a float; an empty cell or missing column gives `empty`."""
     if text in ("", None):
         return empty
     try:
@@ -288,9 +224,8 @@ def boolean(text):
 
 
 def _typed_row(raw, l0):
-    """One CSV row typed and checked. λ and c take the paper's defaults where a head uses them
-    and the CSV leaves them empty, and are dropped where it ignores them, so equal runs compare
-    equal; L₀ is l0, else the run's init_loss, else the paper's value for its size."""
+    """One CSV row typed and checked: λ and c the paper's defaults where a head uses them and
+    none is given, dropped where it ignores them; L₀ = l0, else init_loss, else L0_BY_SIZE."""
     row = dict(raw)
     row.update(lr=_number(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),
@@ -382,8 +317,8 @@ def bf16_resolution(row):
 
 
 def per_lr_table(cells, text):
-    """Rows = size and variant, columns = learning rates; a cell is text(cell, loss, row) for
-    the run at that η (its loss as LRS counts it, its results row), "–" where none ran."""
+    """Rows = size and variant, columns = η; a cell is text(cell, capped loss, results row) of
+    the run at that η, "–" where none ran."""
     lrs = sorted({lr for c in cells for lr in c.lrs})
     lines = [f"| {_row_header(cells)} | head | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
              "|---" * (len(lrs) + 2) + "|"]
@@ -460,8 +395,7 @@ def _pyplot():
 
 
 def _columns(cells):
-    """{column: its title}, sizes (or size, dtype, seed) in order; a column that lacks some of
-    the figure's variants (a second seed run for two heads) says which ran there."""
+    """{column: title} in order; a column lacking some variants (a second seed) says which ran."""
     titles, variants = {}, {c.variant for c in cells}
     for column in sorted({c.size for c in cells}, key=size_order):
         here = sorted({c.variant for c in cells if c.size == column}, key=variant_order)
@@ -470,8 +404,7 @@ def _columns(cells):
     return titles
 
 
-def _lines(cells, ref_cells):
-    """(cell, style, label suffix) for each line: our runs solid, the paper's dashed."""
+def _lines(cells, ref_cells):  # (cell, style, label suffix): ours solid, the paper's dashed
     return [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
 
 
@@ -488,8 +421,8 @@ def _finish(fig, title):
 
 
 def _log_scale(ax, scale, values):
-    """A log or symlog (linear within ±1) y axis for these finite values, every tick label
-    written out; within about a decade the ticks are 1, 2, 5 × 10ᵏ, so there are several."""
+    """A log or symlog (linear within ±1) y axis, labels written out, at 1, 2, 5 × 10ᵏ within
+    about a decade so that there are several."""
     from matplotlib import ticker
     positive = [abs(v) for v in values if v != 0] or [1.0]
     low = max(min(positive), 1.0) if scale == "symlog" else min(positive)
@@ -504,8 +437,7 @@ def _log_scale(ax, scale, values):
 
 
 def figures(cells, ref_cells=()):
-    """Yield (file stem, figure) for each figure, ref_cells (the paper's) dashed beside ours;
-    each figure is drawn when asked for and closed when the next one is."""
+    """Yield (file stem, figure), ref_cells (the paper's) dashed; each is closed after use."""
     plt = _pyplot()
     for tie in sorted({c.tie for c in cells}):
         tying = "tied" if tie else "untied"
@@ -532,10 +464,9 @@ def figures(cells, ref_cells=()):
 
 
 def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
-    """Top: min(L(η), L₀) vs η, a panel per column, zoomed on the optimum (up to 30% above it,
-    as the paper's Fig. 2; a point beyond is marked on the edge with its value). Below (beside,
-    for one column): LRS per column, model sizes as an axis (lines, as the paper's), settings of
-    one size (dtype, seed) as categories (markers, side by side). Dashed: the paper's runs."""
+    """Top: min(L(η), L₀) vs η per column, zoomed to 30% above the optimum as the paper's Fig. 2,
+    a point beyond marked on the edge with its value. Below (one column: beside): LRS, sizes as
+    an axis (lines, as the paper's), settings of one size as categories (markers)."""
     columns = _columns(cells + ref_cells)
     one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
     lines = _lines(cells, ref_cells)
@@ -581,10 +512,9 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
 
 
 def _metrics(plt, cells, ref_cells, title):
-    """Fig. 3: METRICS, and PRECISION_METRICS where the runs logged them, vs η; rows = metrics,
-    columns as in Fig. 2 (one column: the metrics wrapped into two rows). A metric gets one y
-    scale in all its panels: symlog where its values reach past 50, as the baseline's ‖μ‖ does
-    while μ-centering's stays at 0."""
+    """Fig. 3: METRICS (and PRECISION_METRICS where logged) vs η, rows = metrics, columns as in
+    Fig. 2 (one column: two rows of metrics); a metric's panels share a y scale, symlog where it
+    passes 50 (the baseline's ‖μ‖, while μ-centering's stays at 0)."""
     columns = _columns(cells + ref_cells)
     metrics = METRICS + tuple(m for m in PRECISION_METRICS
                               if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
@@ -631,11 +561,9 @@ def _setting(key, value):
 
 
 def curves_figure(logs, configs=None):
-    """The quantities of CURVES vs step, one line per run: logs = {run name: log records},
-    configs = {run name: its config.json}. The title names the heads and the settings the runs
-    share; each line is labelled by its head and the settings that differ. A head has one
-    colour (HEAD_COLORS) in every figure and its runs a line style each; a series of few points
-    (validation losses) gets markers, and a panel no run logged is left out."""
+    """CURVES vs step, a line per run (logs and configs: {run name: log records / config.json}).
+    The title names the heads and shared settings, a label the head and what differs; a head has
+    one colour, its runs a line style each; few points get markers; unlogged panels go."""
     configs = configs or {name: {} for name in logs}
     heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
     first = next(iter(configs.values()))

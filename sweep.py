@@ -10,11 +10,14 @@ results into the paper's tables and figures (drawn by report.py).
     python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
 
 Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
-run folder OUT/Run.name, finished when it has summary.json and its config.json records what was
-asked; the same command again skips finished runs and resumes the others. Folders holding runs
-of other settings are refused before anything starts: stale results are never reported.
+run folder OUT/Run.name, finished when it has summary.json and config.json records what was
+asked; the same command again skips finished runs, resumes the others, and refuses folders of
+other settings before anything starts.
 """
 import argparse
+import csv
+import io
+import json
 import os
 import shlex
 import shutil
@@ -104,11 +107,12 @@ class Run:
         args += ["--dtype", self.dtype] if self.dtype is not None else []
         return args + (["--seed", str(self.seed)] if self.seed is not None else [])
 
+
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
                 dtypes=None, seeds=None):
-    """Every point of a grid, an axis given here replacing the grid's own. λ only multiplies
-    z_loss and mu_loss and c only soft_cap: the paper grid is 7 η × 5 sizes × 2 ties × 5 heads =
-    350 runs, the λ grid 4 × 2 × 7 × 5 = 280, the proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
+    """Every point of a grid, an axis given here replacing the grid's own. λ is z_loss's and
+    mu_loss's, c soft_cap's: paper 7 η × 5 sizes × 2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 =
+    280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
@@ -127,12 +131,10 @@ def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, ca
 
 def check_axes(grid, axes):
     """Refuse a grid with a missing axis, an unknown head or bad values (all named at once)."""
-    missing = [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]
-    if missing:
+    if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]:
         raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
                          f"--lrs 1e-3 3e-3 --heads baseline mu_center)")
-    unknown = [head for head in axes["heads"] if head not in HEADS]
-    if unknown:
+    if unknown := [head for head in axes["heads"] if head not in HEADS]:
         raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
     problems = []
     if unknown := [size for size in axes["sizes"] if size not in SIZES]:
@@ -149,15 +151,75 @@ def check_axes(grid, axes):
 
 
 # -----------------------------------------------------------------------------
+# run folders -> results.csv, and a run's log
+
+RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
+                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
+                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
+
+
+def json_object(path):
+    """The dict a JSON file holds; anything else (a pipe too: a read would block) is refused."""
+    try:
+        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
+    except ValueError:  # not UTF-8, not JSON
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a JSON object; it was not written by this project's "
+                         f"train.py")
+    return value
+
+
+def results_csv(run_root):
+    """Every summary.json under run_root -> a CSV's text (settings it lacks: config.json)."""
+    summaries = sorted(Path(run_root).rglob("summary.json"))
+    if not summaries:
+        raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
+                                f"... --out {run_root}` first")
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for path in summaries:
+        summary = json_object(path)
+        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
+        if missing := [key for key in needed if key not in summary]:
+            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
+                             f"project's train.py")
+        config_path = path.with_name("config.json")
+        config = json_object(config_path) if config_path.exists() else {}
+        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
+        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
+                   run=str(path.parent.relative_to(run_root)))                     # names
+        writer.writerow({column: report.csv_cell(value) for column, value in row.items()})
+    return buffer.getvalue()
+
+
+def read_log(run_dir):
+    """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
+    path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
+    not_a_log = f"{path} is not a log of train.py (a line is not"
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError:
+        raise ValueError(f"{not_a_log} JSON)") from None
+    if not records:
+        raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
+                         f"or leave it out")
+    if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
+        raise ValueError(f"{not_a_log} a JSON object with 'step' and 'loss')")
+    return records
+
+
+# -----------------------------------------------------------------------------
 # run folders: which are finished, and do they hold what was asked
 
-def is_finished(run_dir):
+def is_finished(run_dir):  # a diverged run too
     return (Path(run_dir) / "summary.json").exists()
 
 
 def passed_settings(train_args):
-    """Options passed on to train.py as {config.json name: value}: --flag True, --no-flag False,
-    several values (--data a.txt b.txt) a list; the last of a repeated option wins."""
+    """train.py's options as {config.json name: value}: --flag True, --no-flag False, several
+    values (--data a.txt b.txt) a list; the last of a repeated option wins."""
     settings = {}
     for i, arg in enumerate(train_args):
         if not arg.startswith("--"):
@@ -176,20 +238,13 @@ def _paths(value):  # --data's value (one path or several) as a list
     return [value] if isinstance(value, str) else value if isinstance(value, list) else []
 
 
-def _number(text):
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
 def same_setting(name, asked, recorded):
     """Whether config.json's value is the one asked (asked may be the command line's text)."""
     if isinstance(asked, bool) or isinstance(recorded, bool) or recorded is None:
         return asked == recorded
     if isinstance(recorded, (int, float)):
         try:
-            return (asked if isinstance(asked, (int, float)) else _number(asked)) == recorded
+            return (asked if isinstance(asked, (int, float)) else float(asked)) == recorded
         except ValueError:
             return False
     if name == "data":  # the same folder or text files however their paths are written
@@ -204,7 +259,7 @@ def differences(run_dir, asked):
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
     try:
-        config = report.json_object(config_path)
+        config = json_object(config_path)
     except ValueError:
         return ["a config.json that is not a JSON object"]
     if config.get("text"):  # text files given as --data: "data" is their tokenized folder
@@ -214,8 +269,7 @@ def differences(run_dir, asked):
 
 
 def check_run_folders(runs, out, train_args):
-    """Refuse folders of the grid holding runs of other settings than asked (but scheduling and
-    "auto", which train.py resolves)."""
+    """Refuse folders holding runs of other settings (but scheduling, and train.py's "auto")."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
     stale = {}
@@ -258,8 +312,7 @@ def train_command(run, out, extra_args, nproc_per_node=1):
 
 
 def gpu_slots(gpus, nproc_per_node, jobs=1):
-    """The CUDA_VISIBLE_DEVICES value of each run that may go at once (None: no pinning; without
-    --gpus, --jobs runs share the machine, e.g. one CPU core each)."""
+    """CUDA_VISIBLE_DEVICES of each run that may go at once (None: --jobs runs share the CPU)."""
     if not gpus:
         return [None] * jobs
     ids = [gpu.strip() for gpu in gpus.split(",") if gpu.strip()]
@@ -283,8 +336,7 @@ def _start(run, slot, out, extra_args, slots, nproc_per_node):
 
 
 def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
-    """Run every run, len(slots) at a time; returns the names of those that failed. An
-    interrupt stops the runs in flight, which resume on the next call."""
+    """Run the runs, len(slots) at once; the failed ones' names. An interrupt stops them all."""
     pending, running, failed, free, durations = list(runs), {}, [], list(slots), []
     if len(slots) > 1:
         (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
@@ -330,10 +382,10 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
     return failed
 
 
-# Array task i runs line i (0-based) of the run list, "RUN_DIR TRAIN_ARGS...", one torchrun per
-# node; the nodes meet via c10d on the first node, at a port per task so tasks on a node differ.
 SBATCH_TEMPLATE = """#!/bin/bash
-# train.py runs as a SLURM job array, written by sweep.py; run it where torch is installed.
+# train.py runs as a SLURM job array, written by sweep.py (submit it where torch is installed):
+# task i runs line i (0-based) of RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torchrun per node; the
+# nodes meet via c10d on the first node, at a port per task so tasks sharing a node differ.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
@@ -346,8 +398,7 @@ RUN_LIST={run_list}
 eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST"))"
 RUN_DIR="${{RUN[0]}}"
 if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
-RESUME=""
-if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
+RESUME=""; if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
 # no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
 NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD_NODE=${{NODES%%$'\\n'*}}
@@ -361,8 +412,8 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 
 def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options=(),
                 array_limit=0):
-    """Write OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch (a new pair per call: an array
-    still queued keeps its list); returns the script."""
+    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps its
+    list); returns the script."""
     slurm_dir = Path(out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -436,8 +487,7 @@ def run_local(args, todo, total, extra_args):
 # -----------------------------------------------------------------------------
 # collect, table, plot, curves: report.py's text and figures, written atomically
 
-def save_figure(fig, folder, stem):
-    """FOLDER/STEM.png and .pdf, each complete or not there at all."""
+def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or not there
     for path in (Path(folder) / f"{stem}.png", Path(folder) / f"{stem}.pdf"):
         with store.open_atomic(path) as f:
             fig.savefig(f, format=path.suffix[1:], dpi=120)
@@ -446,13 +496,12 @@ def save_figure(fig, folder, stem):
 
 def cmd_collect(args):
     out_csv = Path(args.out or Path(args.dir) / "results.csv")
-    store.write_atomic(out_csv, report.results_csv(args.dir))
+    store.write_atomic(out_csv, results_csv(args.dir))
     print(f"sweep: wrote {out_csv}")
 
 
 def cmd_table(args):
-    """Print the tables; with --out also write table.md and table.csv there (a CSV's own folder
-    may be one the user would not expect files in: tests/data for the paper's runs)."""
+    """Print the tables; write them only into --out (a CSV's own folder may be tests/data)."""
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
     print(markdown)
@@ -475,10 +524,9 @@ def cmd_plot(args):
         save_figure(fig, out, stem)
 
 
-def cmd_curves(args):
-    """report.CURVES vs step of a few runs (their log.jsonl; config.json names the heads)."""
-    logs = {run: report.read_log(run) for run in args.runs}
-    configs = {run: report.json_object(Path(run) / "config.json")
+def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names their heads
+    logs = {run: read_log(run) for run in args.runs}
+    configs = {run: json_object(Path(run) / "config.json")
                if (Path(run) / "config.json").exists() else {} for run in args.runs}
     save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
 
@@ -490,8 +538,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                      allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", allow_abbrev=False, help="launch a grid of train.py runs "
-                              "(unknown options go to train.py)")
+    run = commands.add_parser("run", allow_abbrev=False,
+                              help="launch a grid of train.py runs (other options go to train.py)")
     run.add_argument("--grid", required=True, choices=tuple(GRIDS))
     for option, kind, text in (("--sizes", str, "model sizes (paper: 16M 29M 57M 109M 221M)"),
                                ("--lrs", float, "learning rates (paper: 3e-4 ... 3e-1)"),
@@ -505,20 +553,17 @@ def parse_args(argv=None):
                      help="train.py --dtype of each run (proxy: both)")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
-    run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
-                                    "(each run gets --nproc_per_node of them)")
-    run.add_argument("--jobs", type=store.positive_int, default=1,
-                     help="local, without --gpus: runs at once (CPU: one per core)")
+    run.add_argument("--gpus", help="local: GPU ids to share out (--nproc_per_node a run)")
+    run.add_argument("--jobs", type=store.positive_int, default=1, help="local, CPU: runs at once")
     run.add_argument("--nproc_per_node", type=store.positive_int, default=1,
                      help="processes (GPUs) per run; >1 uses torchrun")
     run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
-    run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE", help="slurm: extra "
-                     "#SBATCH options without the dashes, e.g. partition=gpu time=2-00:00:00")
+    run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
+                     help="slurm: #SBATCH options without dashes, e.g. partition=gpu time=1:00:00")
     run.add_argument("--array_limit", type=store.non_negative_int, default=0,
                      help="slurm: at most this many tasks at once (0: no limit)")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
-    run.add_argument("--dry_run", action="store_true",
-                     help="print the commands of the runs to do, run nothing")
+    run.add_argument("--dry_run", action="store_true", help="print the runs' commands, run none")
     gather = commands.add_parser("collect", help="every summary.json under DIR -> DIR/results.csv")
     gather.add_argument("dir")
     gather.add_argument("--out", help="CSV path (default DIR/results.csv)")
@@ -526,16 +571,14 @@ def parse_args(argv=None):
                        ("plot", "the paper's Fig. 2/3/4/8 as PNG + PDF")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("results", help="a results CSV (from collect, or the published runs)")
-        sub.add_argument("--out", help="output folder (table: none, print only; plot: the "
-                                        "CSV's folder)")
+        sub.add_argument("--out", help="output folder (table: none; plot: the CSV's folder)")
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
                          help="divide the LRS sum by n_η − 1 (published tables) or n_η (Eq. 22)")
         sub.add_argument("--l0", type=store.positive_float, help="loss at initialisation for "
                          "every run (default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
             sub.add_argument("--reference", help="a CSV of the paper's runs to draw (dashed)")
-    curves = commands.add_parser("curves", help="loss, ‖μ‖, logits and precision vs step of "
-                                                "some runs, as PNG + PDF")
+    curves = commands.add_parser("curves", help="report.CURVES vs step of runs, as PNG + PDF")
     curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
     curves.add_argument("--out", required=True, help="output folder, as for plot")
     curves.add_argument("--name", default="curves", help="the figure's file name, no extension")
@@ -547,10 +590,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, extra = parse_args(argv)
-    commands = {"collect": cmd_collect, "table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
+    commands = {"run": lambda args: cmd_run(args, extra), "collect": cmd_collect,
+                "table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
     try:
-        if args.command == "run":
-            return cmd_run(args, extra)
         return commands[args.command](args) or 0
     except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit

@@ -451,7 +451,7 @@ def test_collect_writes_one_row_per_finished_run(hand_made_runs):
     assert sweep.main(["collect", str(hand_made_runs)]) == 0
     with open(hand_made_runs / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == report.RESULT_COLUMNS
+    assert tuple(rows[0]) == sweep.RESULT_COLUMNS
     by_run = {r["run"]: r for r in rows}
     assert len(rows) == 6 and "tiny_mu_center_lr1_tie0" not in by_run
     diverged = by_run["tiny_baseline_lr0.1_tie0"]
@@ -590,8 +590,8 @@ def write_curve_run(folder, head, seed, val_steps=(30,)):
 def test_curves_colour_by_head_name_what_differs_and_mark_a_single_point(tmp_path):
     runs = {(head, seed): write_curve_run(tmp_path / f"{head}{seed}", head, seed)
             for head in ("baseline", "mu_center") for seed in (0, 1)}
-    logs = {str(run): report.read_log(run) for run in runs.values()}
-    configs = {str(run): report.json_object(run / "config.json") for run in runs.values()}
+    logs = {str(run): sweep.read_log(run) for run in runs.values()}
+    configs = {str(run): sweep.json_object(run / "config.json") for run in runs.values()}
     fig = report.curves_figure(logs, configs)
     loss, val, mu, absmax = (ax for ax in fig.axes if ax.get_visible())
     titles = dict(report.CURVES)  # panels no run logged: gone
@@ -615,8 +615,8 @@ def test_curves_say_what_they_show(tmp_path):
     """curves_*.png had no title, no y labels, the legend inside one panel, "CE gap", and a log
     axis within one decade (max |l| from 6 to 58) showed the single label 10."""
     runs = [write_curve_run(tmp_path / head, head, 0) for head in ("baseline", "mu_center")]
-    logs = {str(run): report.read_log(run) for run in runs}
-    configs = {str(run): report.json_object(run / "config.json") for run in runs}
+    logs = {str(run): sweep.read_log(run) for run in runs}
+    configs = {str(run): sweep.json_object(run / "config.json") for run in runs}
     fig = report.curves_figure(logs, configs)
     assert fig.get_suptitle() == "baseline vs mu_center: tiny model, η = 1.0, untied, seed 0"
     panels = [ax for ax in fig.axes if ax.get_visible()]
