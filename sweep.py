@@ -1,6 +1,6 @@
 """
-sweep.py — the paper's experiments as sweeps of train.py runs, and the command line that turns
-their results into the paper's tables and figures (report.py).
+sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
+results into the paper's tables and figures (drawn by report.py).
 
     python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100  # one at a time
     python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3              # four at once
@@ -9,26 +9,15 @@ their results into the paper's tables and figures (report.py).
     python sweep.py table runs/paper/results.csv    # Tables 2/3/6: Markdown + CSV
     python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
 
-Grids (Sec. 3–5 of the paper): `paper` = 7 learning rates × 5 sizes × tied/untied × 5 heads
-(λ = 1e-4 for z_loss and mu_loss, c = 30 for soft_cap); `lambda` = λ ∈ {1e-7, 1e-4, 1e-1, 1e2}
-× {z_loss, mu_loss} × 7 learning rates × 5 sizes, untied; `proxy` = the CPU proxy below;
-`custom` = what --sizes, --lrs and --heads say. Any axis flag narrows or replaces a grid's axis,
-and every option sweep.py does not know is passed on to train.py unchanged, so a short proxy
-sweep is one command.
-
-Each point is one train.py run folder, OUT/{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}]
-[_{dtype}][_seed{n}], its numbers as short as `:g` writes them (0.001, 1e-07) and longer only
-where that would not give the value back, so two values never share a folder. A run is finished
-when its summary.json exists (a diverged run too) and its config.json records the settings
-asked: the grid's and the options passed on to train.py. Re-running the same command skips
-finished runs and retries the others, with --resume where a ckpt.pt survived. A command whose
-folders hold runs of other settings (other --steps, say) is refused before anything starts, so
-stale results are never reported as its own; give it another --out.
-
-sweep.py talks to train.py through its command line and run folders only; it writes files with
-store.py's atomic writes and leaves the learning-rate sensitivity, tables and figures to report.py.
+Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
+run folder OUT/Run.name, finished when it has summary.json and config.json records what was
+asked; the same command again skips finished runs, resumes the others, and refuses folders of
+other settings before anything starts.
 """
 import argparse
+import csv
+import io
+import json
 import os
 import shlex
 import shutil
@@ -36,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from itertools import product, takewhile
 from pathlib import Path
@@ -47,28 +36,26 @@ from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
 # -----------------------------------------------------------------------------
-# the paper's grids (Eq. 19–21, 23) and the CPU proxy
+# the grids: the paper's (Eq. 19–21, 23) and the CPU proxy
 
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
-# The CPU proxy of the paper's result (README, "What you should see"): the tiny model on real
-# text, the paper's learning rates from 1e-2 extended upward to 1 (a short run needs a larger
-# η for μ to grow as it does over the paper's 100,000 steps; at η = 3 the logits blow up to
-# ~10², the CPU slows down on denormals and every head ends worse), float32 against bf16
-# matmuls, untied for every head and tied for baseline and μ-centering: 5 η × 2 dtypes ×
-# (5 + 2) = 70 runs of 300 steps, about 75 minutes on two idle CPU cores with --jobs 2. Its
-# train.py settings come first; options given on the command line come after them and win.
+# The paper's code draws each batch from a random shard at random windows, seeded: its grids too.
+PAPER_TRAIN_ARGS = ("--data_order", "random")
+# The CPU proxy (experiments/proxy): a short run needs η up to 1 for μ to grow as over the
+# paper's 100,000 steps. Its committed runs read the text in order: it keeps that order.
 PROXY_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
 PROXY_TRAIN_ARGS = ("--device", "cpu", "--steps", "300", "--warmup", "15", "--batch_size", "4",
                     "--micro_batch", "4", "--seq_len", "64", "--loss_chunk", "256",
                     "--eval_every", "100", "--eval_tokens", "8192", "--stat_tokens", "4096",
-                    "--log_every", "20", "--data", "data/shakespeare")
+                    "--log_every", "20", "--data", "data/shakespeare", "--data_order",
+                    "sequential")
 GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
+PAPER_GRID = dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, caps=(DEFAULT_CAP,),
+                  train_args=PAPER_TRAIN_ARGS)
 GRIDS = {
-    "paper": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=HEADS,
-                  ties=(False, True), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,)),
-    "lambda": dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, heads=LAMBDA_HEADS,
-                   ties=(False,), lams=LAMBDAS, caps=(DEFAULT_CAP,)),
+    "paper": dict(PAPER_GRID, heads=HEADS, ties=(False, True), lams=(DEFAULT_LAM,)),
+    "lambda": dict(PAPER_GRID, heads=LAMBDA_HEADS, ties=(False,), lams=LAMBDAS),
     "proxy": dict(sizes=("tiny",), lrs=PROXY_LRS, heads=HEADS, ties=(False, True),
                   tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
                   dtypes=("float32", "bfloat16"), seeds=(0,), train_args=PROXY_TRAIN_ARGS),
@@ -76,12 +63,9 @@ GRIDS = {
                    caps=(None,)),
 }
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
-# train.py options that the grid sets per run and the user therefore must not pass through
 GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap", "--dtype",
-                "--seed", "--out_dir", "--resume")
-# train.py settings that say when a run logs, saves or stops, not what it computes: a finished
-# run with other values of these still counts as finished
-SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")
+                "--seed", "--out_dir", "--resume")  # set per run: not the user's to pass
+SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")  # not what a run computes
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 
@@ -89,8 +73,7 @@ USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
 def short(x):
     """x with the fewest significant digits (6 or more, as :g) that give x back exactly."""
     for digits in range(6, 18):
-        text = f"{x:.{digits}g}"
-        if float(text) == x:
+        if float(text := f"{x:.{digits}g}") == x:
             return text
     return repr(x)  # NaN
 
@@ -108,18 +91,12 @@ class Run:
 
     @property
     def name(self):
-        """The run folder's name:
-        {size}_{head}_lr{lr}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
+        """{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
         name = f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}"
-        if self.lam is not None:
-            name += f"_lam{short(self.lam)}"
-        if self.cap is not None:
-            name += f"_cap{short(self.cap)}"
-        if self.dtype is not None:
-            name += f"_{self.dtype}"
-        if self.seed is not None:
-            name += f"_seed{self.seed}"
-        return name
+        name += f"_lam{short(self.lam)}" if self.lam is not None else ""
+        name += f"_cap{short(self.cap)}" if self.cap is not None else ""
+        name += f"_{self.dtype}" if self.dtype is not None else ""
+        return name + (f"_seed{self.seed}" if self.seed is not None else "")
 
     def train_args(self):
         """train.py's options for this point; numbers in full (repr)."""
@@ -128,81 +105,121 @@ class Run:
         args += ["--lam", repr(self.lam)] if self.lam is not None else []
         args += ["--cap", repr(self.cap)] if self.cap is not None else []
         args += ["--dtype", self.dtype] if self.dtype is not None else []
-        args += ["--seed", str(self.seed)] if self.seed is not None else []
-        return args
-
-    def settings(self):
-        """What this point asks of train.py, by config.json's names (None: train.py's default)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None}
+        return args + (["--seed", str(self.seed)] if self.seed is not None else [])
 
 
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
                 dtypes=None, seeds=None):
-    """Every point of a grid, with any axis given here replacing the grid's own.
-
-    λ only multiplies the heads that have one (z_loss, mu_loss) and c only soft_cap, so the
-    paper grid is 7 × 5 × 2 × 5 = 350 runs and the λ grid 4 × 2 × 7 × 5 = 280. The proxy grid
-    ties only baseline and mu_center: 5 η × 2 dtypes × (5 heads + 2 tied) = 70 runs.
-    """
+    """Every point of a grid, an axis given here replacing the grid's own. λ is z_loss's and
+    mu_loss's, c soft_cap's: paper 7 η × 5 sizes × 2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 =
+    280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
-    axes = dict(GRIDS[grid])
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
                  dtypes=dtypes, seeds=seeds)
-    axes.update({axis: tuple(values) for axis, values in given.items() if values})
+    axes = {**GRIDS[grid], **{axis: tuple(values) for axis, values in given.items() if values}}
     check_axes(grid, axes)
     runs = []
-    tied_heads = axes["tied_heads"] or axes["heads"]
     for size, head, tie, dtype, seed, lr in product(axes["sizes"], axes["heads"], axes["ties"],
                                                     axes["dtypes"], axes["seeds"], axes["lrs"]):
-        if tie and head not in tied_heads:
-            continue
-        lams = axes["lams"] if head in LAMBDA_HEADS else (None,)
-        caps = axes["caps"] if head == "soft_cap" else (None,)
-        runs += [Run(size, head, lr, tie, lam, cap, dtype, seed) for lam in lams for cap in caps]
+        if not tie or head in (axes["tied_heads"] or axes["heads"]):
+            runs += [Run(size, head, lr, tie, lam, cap, dtype, seed)
+                     for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
+                     for cap in (axes["caps"] if head == "soft_cap" else (None,))]
     return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
 
 
 def check_axes(grid, axes):
-    """Refuse a grid with a missing axis, an unknown head or any bad value, naming every bad
-    value at once, so that no run of a partly wrong grid starts."""
-    missing = [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]
-    if missing:
+    """Refuse a grid with a missing axis, an unknown head or bad values (all named at once)."""
+    if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]:
         raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
                          f"--lrs 1e-3 3e-3 --heads baseline mu_center)")
-    unknown = [head for head in axes["heads"] if head not in HEADS]
-    if unknown:
+    if unknown := [head for head in axes["heads"] if head not in HEADS]:
         raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
     problems = []
-    unknown = [size for size in axes["sizes"] if size not in SIZES]
-    if unknown:
+    if unknown := [size for size in axes["sizes"] if size not in SIZES]:
         problems.append(f"--sizes {' '.join(unknown)} (each must be one of {', '.join(SIZES)})")
     for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
-        bad = [value for value in axes[axis] if value is not None
-               and report.breaks_rule(setting, value)]
-        if bad:
+        if bad := [v for v in axes[axis] if v is not None and report.breaks_rule(setting, v)]:
             problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be "
                             f"{report.RULES[setting][0]})")
-    bad_seeds = [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]
-    if bad_seeds:
-        problems.append(f"--seeds {' '.join(map(str, bad_seeds))} (each must be an integer "
-                        f"from 0 to 2^64 − 1)")
+    if bad := [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]:
+        problems.append(f"--seeds {' '.join(map(str, bad))} (each must be an integer from 0 to "
+                        f"2^64 − 1)")
     if problems:
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
 
 # -----------------------------------------------------------------------------
+# run folders -> results.csv, and a run's log
+
+RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
+                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
+                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
+
+
+def json_object(path):
+    """The dict a JSON file holds; anything else (a pipe too: a read would block) is refused."""
+    try:
+        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
+    except ValueError:  # not UTF-8, not JSON
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a JSON object; it was not written by this project's "
+                         f"train.py")
+    return value
+
+
+def results_csv(run_root):
+    """Every summary.json under run_root -> a CSV's text (settings it lacks: config.json)."""
+    summaries = sorted(Path(run_root).rglob("summary.json"))
+    if not summaries:
+        raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
+                                f"... --out {run_root}` first")
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for path in summaries:
+        summary = json_object(path)
+        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
+        if missing := [key for key in needed if key not in summary]:
+            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
+                             f"project's train.py")
+        config_path = path.with_name("config.json")
+        config = json_object(config_path) if config_path.exists() else {}
+        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
+        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
+                   run=str(path.parent.relative_to(run_root)))                     # names
+        writer.writerow({column: report.csv_cell(value) for column, value in row.items()})
+    return buffer.getvalue()
+
+
+def read_log(run_dir):
+    """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
+    path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
+    not_a_log = f"{path} is not a log of train.py (a line is not"
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError:
+        raise ValueError(f"{not_a_log} JSON)") from None
+    if not records:
+        raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
+                         f"or leave it out")
+    if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
+        raise ValueError(f"{not_a_log} a JSON object with 'step' and 'loss')")
+    return records
+
+
+# -----------------------------------------------------------------------------
 # run folders: which are finished, and do they hold what was asked
 
-def is_finished(run_dir):
+def is_finished(run_dir):  # a diverged run too
     return (Path(run_dir) / "summary.json").exists()
 
 
 def passed_settings(train_args):
-    """Options passed on to train.py as {config.json name: value}: a bare --flag is True and
-    --no-flag is flag False, an option with several values (--data a.txt b.txt) a list; as in
-    argparse the last of a repeated option wins."""
+    """train.py's options as {config.json name: value}: --flag True, --no-flag False, several
+    values (--data a.txt b.txt) a list; the last of a repeated option wins."""
     settings = {}
     for i, arg in enumerate(train_args):
         if not arg.startswith("--"):
@@ -217,63 +234,48 @@ def passed_settings(train_args):
     return settings
 
 
+def _paths(value):  # --data's value (one path or several) as a list
+    return [value] if isinstance(value, str) else value if isinstance(value, list) else []
+
+
 def same_setting(name, asked, recorded):
     """Whether config.json's value is the one asked (asked may be the command line's text)."""
     if isinstance(asked, bool) or isinstance(recorded, bool) or recorded is None:
         return asked == recorded
     if isinstance(recorded, (int, float)):
         try:
-            return _number(asked) == recorded
+            return (asked if isinstance(asked, (int, float)) else float(asked)) == recorded
         except ValueError:
             return False
-    if name == "data":  # paths: the same folder or text files however they are written
-        def paths(value):
-            return [os.path.realpath(path) for path in ([value] if isinstance(value, str)
-                                                        else value)]
-        return paths(asked) == paths(recorded)
+    if name == "data":  # the same folder or text files however their paths are written
+        return ([os.path.realpath(p) for p in _paths(asked)]
+                == [os.path.realpath(p) for p in _paths(recorded)])
     return str(asked) == str(recorded)
 
 
-def recorded_settings(config):
-    """config.json's settings as they were asked: text files given as --data are recorded as
-    "text" (the files) and "data" (the folder train.py tokenized them into, data/text/NAME-KEY,
-    named by their content), so --data is the text files there."""
-    return {**config, "data": config["text"]} if config.get("text") else config
-
-
-def _number(value):
-    if isinstance(value, (int, float)):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        return float(value)
-
-
 def differences(run_dir, asked):
-    """The settings asked that the run folder records otherwise, in words ([] if none); a
-    folder with summary.json but no config.json was not written by train.py."""
+    """The settings asked that the run folder records otherwise, in words ([] if none)."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
     try:
-        config = recorded_settings(report.json_object(config_path))
+        config = json_object(config_path)
     except ValueError:
         return ["a config.json that is not a JSON object"]
+    if config.get("text"):  # text files given as --data: "data" is their tokenized folder
+        config["data"] = config["text"]
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
             if name in config and not same_setting(name, value, config[name])]
 
 
 def check_run_folders(runs, out, train_args):
-    """Refuse, before anything starts, folders of the grid that hold a run of other settings
-    (its config.json against the grid's settings and the options passed on to train.py, except
-    the scheduling ones and "auto" values that train.py resolves)."""
+    """Refuse folders holding runs of other settings (but scheduling, and train.py's "auto")."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
     stale = {}
-    for run in runs:
-        found = differences(Path(out) / run.name, {**run.settings(), **passed})
-        if found:
+    for run in runs:  # the run's settings have config.json's names; None: train.py's default
+        asked = {name: value for name, value in asdict(run).items() if value is not None}
+        if found := differences(Path(out) / run.name, {**asked, **passed}):
             stale[run.name] = found
     if stale:
         name, found = next(iter(stale.items()))
@@ -302,8 +304,7 @@ def train_command(run, out, extra_args, nproc_per_node=1):
     """The command line of one local run; --resume where an earlier attempt left a checkpoint."""
     run_dir = Path(out) / run.name
     args = [str(TRAIN_PY), *run.train_args(), "--out_dir", str(run_dir), *extra_args]
-    if (run_dir / "ckpt.pt").exists():
-        args.append("--resume")
+    args += ["--resume"] if (run_dir / "ckpt.pt").exists() else []
     if nproc_per_node > 1:  # torchrun picks a free port itself with --standalone
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={nproc_per_node}", *args]
@@ -311,8 +312,7 @@ def train_command(run, out, extra_args, nproc_per_node=1):
 
 
 def gpu_slots(gpus, nproc_per_node, jobs=1):
-    """The CUDA_VISIBLE_DEVICES value of each run that may go at once (None: no pinning; without
-    --gpus, --jobs runs share the machine, e.g. one CPU core each)."""
+    """CUDA_VISIBLE_DEVICES of each run that may go at once (None: --jobs runs share the CPU)."""
     if not gpus:
         return [None] * jobs
     ids = [gpu.strip() for gpu in gpus.split(",") if gpu.strip()]
@@ -322,37 +322,31 @@ def gpu_slots(gpus, nproc_per_node, jobs=1):
     return [",".join(ids[i:i + nproc_per_node]) for i in range(0, len(ids), nproc_per_node)]
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM takes the same way out as Ctrl-C
+def _start(run, slot, out, extra_args, slots, nproc_per_node):
+    """Start one run: with one slot it prints to this terminal, else to OUT/logs/NAME.log."""
+    cmd = train_command(run, out, extra_args, nproc_per_node)
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
+    if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
+        env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
+    log = open(Path(out) / "logs" / f"{run.name}.log", "a") if len(slots) > 1 else None
+    print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
+          f"{f' on GPU {slot}' if slot else ''}", flush=True)
+    stderr = subprocess.STDOUT if log else None
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=stderr), log
 
 
 def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
-    """Run every run, len(slots) at a time; returns the names of those that failed.
-
-    With one slot train.py prints to this terminal; with several each run's output goes to
-    OUT/logs/NAME.log. An interrupt stops the runs in flight, which resume on the next call.
-    """
-    pending, running, failed, free = list(runs), {}, [], list(slots)
-    durations, total = [], len(runs)
-    log_dir = Path(out) / "logs"
+    """Run the runs, len(slots) at once; the failed ones' names. An interrupt stops them all."""
+    pending, running, failed, free, durations = list(runs), {}, [], list(slots), []
     if len(slots) > 1:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
     on_sigint = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the way out of Ctrl-C
     try:
         while pending or running:
             while pending and free:
                 run, slot = pending.pop(0), free.pop(0)
-                cmd = train_command(run, out, extra_args, nproc_per_node)
-                env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
-                if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
-                    env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
-                log = open(log_dir / f"{run.name}.log", "a") if len(slots) > 1 else None
-                where = f" on GPU {slot}" if slot else ""
-                print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}{where}",
-                      flush=True)
-                proc = subprocess.Popen(cmd, env=env, stdout=log,
-                                        stderr=subprocess.STDOUT if log else None)
+                proc, log = _start(run, slot, out, extra_args, slots, nproc_per_node)
                 running[proc] = (run, slot, log, time.time())
             time.sleep(POLL_S)
             for proc in [p for p in running if p.poll() is not None]:
@@ -361,19 +355,17 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                 if log:
                     log.close()
                 ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
-                status = "done" if ok else f"FAILED (exit {proc.returncode})"
                 durations.append(time.time() - started)
                 left = len(pending) + len(running)
                 eta = sum(durations) / len(durations) * left / len(slots)
-                print(f"sweep: {status} {run.name} in {durations[-1]:.0f} s; "
-                      f"{total - left}/{total} ended, ETA {eta / 60:.0f} min", flush=True)
-                if not ok:
-                    failed.append(run.name)
-                if proc.returncode == USAGE_ERROR and pending:
-                    # the options every run shares are wrong: the other runs would fail alike
-                    output = log.name if log else "see above"
-                    print(f"sweep: train.py refused its command line ({output}); the other "
-                          f"{len(pending)} runs were not started", flush=True)
+                print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {run.name} "
+                      f"in {durations[-1]:.0f} s; {len(runs) - left}/{len(runs)} ended, ETA "
+                      f"{eta / 60:.0f} min", flush=True)
+                failed += [] if ok else [run.name]
+                if proc.returncode == USAGE_ERROR and pending:  # the others would fail alike
+                    print(f"sweep: train.py refused its command line ("
+                          f"{log.name if log else 'see above'}); the other {len(pending)} runs "
+                          f"were not started", flush=True)
                     failed += [run.name for run in pending]
                     pending.clear()
     except BaseException:  # Ctrl-C, SIGTERM, a closed stdout: stop the runs in flight
@@ -391,10 +383,9 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
 
 
 SBATCH_TEMPLATE = """#!/bin/bash
-# A SLURM job array of train.py runs, written by sweep.py: array task i runs line i (0-based)
-# of the run list with one torchrun. Each line is "RUN_DIR TRAIN_ARGS...". A task whose run
-# already has summary.json exits at once; one that finds a ckpt.pt resumes from it. The job
-# runs in the environment sbatch was called from: activate the one with torch first.
+# train.py runs as a SLURM job array, written by sweep.py (submit it where torch is installed):
+# task i runs line i (0-based) of RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torchrun per node; the
+# nodes meet via c10d on the first node, at a port per task so tasks sharing a node differ.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
@@ -402,20 +393,13 @@ SBATCH_TEMPLATE = """#!/bin/bash
 #SBATCH --gpus-per-node={nproc}
 #SBATCH --output={log_dir}/%A_%a.out
 #SBATCH --chdir={cwd}
-{extra_sbatch}
-# Multi-node runs: write the script with `sweep.py run ... --nodes N`. srun then starts one
-# torchrun per node and they meet through the c10d rendezvous on the first node of the task's
-# allocation (--rdzv_endpoint); each array task gets its own port so tasks sharing a node do
-# not collide. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE for train.py.
-set -euo pipefail
+{extra_sbatch}set -euo pipefail
 RUN_LIST={run_list}
 eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST"))"
 RUN_DIR="${{RUN[0]}}"
 if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
-RESUME=""
-if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
-# The first node of the allocation. No pipe into `head`: head exits after one line, and under
-# pipefail the SIGPIPE that scontrol then gets (exit 141) would end the task.
+RESUME=""; if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
+# no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
 NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD_NODE=${{NODES%%$'\\n'*}}
 PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))
@@ -428,60 +412,28 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 
 def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options=(),
                 array_limit=0):
-    """Write OUT/slurm/runs_STAMP.txt and OUT/slurm/sweep_STAMP.sbatch; returns the script.
-
-    A new pair per call, so an array still queued keeps reading the list it was written for.
-    """
-    out = Path(out).resolve()
-    slurm_dir = out / "slurm"
+    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps its
+    list); returns the script."""
+    slurm_dir = Path(out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    run_list = slurm_dir / f"runs_{stamp}.txt"
-    lines = [shlex.join([str(out / run.name), *run.train_args(), *extra_args]) for run in runs]
-    store.write_atomic(run_list, "".join(line + "\n" for line in lines))
-    array = f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else "")
-    script = SBATCH_TEMPLATE.format(
-        array=array, nodes=nodes, nproc=nproc_per_node, log_dir=slurm_dir / "logs",
+    run_list, script = slurm_dir / f"runs_{stamp}.txt", slurm_dir / f"sweep_{stamp}.sbatch"
+    store.write_atomic(run_list, "".join(shlex.join([str(slurm_dir.parent / run.name),
+                       *run.train_args(), *extra_args]) + "\n" for run in runs))
+    store.write_atomic(script, SBATCH_TEMPLATE.format(
+        array=f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else ""), nodes=nodes,
+        nproc=nproc_per_node, log_dir=slurm_dir / "logs",
         cwd=Path.cwd(),  # where relative paths among the options (--data ...) were meant
         extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
-        run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY)))
-    script_path = slurm_dir / f"sweep_{stamp}.sbatch"
-    store.write_atomic(script_path, script)
-    return script_path
-
-
-def submit(script_path):
-    sbatch = shutil.which("sbatch")
-    if sbatch is None:
-        raise SystemExit(f"sbatch was not found on PATH, so nothing was submitted; on a SLURM "
-                         f"login node run: sbatch {script_path}")
-    subprocess.run([sbatch, str(script_path)], check=True)
-
-
-def check_pass_through(extra_args):
-    """Refuse train.py options that the grid sets itself (a typo such as --lr for --lrs)."""
-    for arg in extra_args:
-        option = arg.split("=", 1)[0]
-        if option in GRID_OPTIONS:
-            raise ValueError(f"{option} is set per run by the sweep; give the grid's axes "
-                             f"instead (--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
-
-
-def missing_data(train_args):
-    """The paths of the last --data among train.py's options that do not exist, joined; ''."""
-    if "--data" not in train_args:
-        return ""
-    start = len(train_args) - train_args[::-1].index("--data")
-    paths = []
-    for arg in train_args[start:]:
-        if arg.startswith("--"):
-            break
-        paths.append(arg)
-    return " ".join(path for path in paths if not Path(path).exists())
+        run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY))))
+    return script
 
 
 def cmd_run(args, extra_args):
-    check_pass_through(extra_args)
+    for option in (arg.split("=", 1)[0] for arg in extra_args):  # a typo such as --lr for --lrs
+        if option in GRID_OPTIONS:
+            raise ValueError(f"{option} is set per run by the sweep; give the grid's axes "
+                             f"instead (--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
     runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps,
                        args.dtypes, args.seeds)
     extra_args = [*GRIDS[args.grid]["train_args"], *extra_args]  # the user's options win
@@ -493,21 +445,27 @@ def cmd_run(args, extra_args):
     if args.dry_run:
         for run in todo:
             print(shlex.join(train_command(run, args.out, extra_args, args.nproc_per_node)))
-        if todo and missing_data(extra_args):
-            print(f"sweep: note: --data {missing_data(extra_args)} does not exist yet; the runs "
-                  f"fail until it does (make it with prepare.py)")
-        return 0
-    if not todo:
-        return 0
-    if args.launcher == "slurm":
+        data = _paths(passed_settings(extra_args).get("data"))
+        if todo and (missing := [path for path in data if not Path(path).exists()]):
+            print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
+                  f"until it does (make it with prepare.py)")
+    elif todo and args.launcher == "slurm":
         script = write_slurm(todo, args.out, extra_args, args.nproc_per_node, args.nodes,
                              args.sbatch, args.array_limit)
         print(f"sweep: wrote {script} ({len(todo)} array tasks)")
-        if args.submit:
-            submit(script)
-        else:
+        if not args.submit:
             print(f"sweep: submit it with: sbatch {script}")
-        return 0
+        elif not shutil.which("sbatch"):
+            raise SystemExit(f"sbatch was not found on PATH, so nothing was submitted; on a "
+                             f"SLURM login node run: sbatch {script}")
+        else:
+            subprocess.run([shutil.which("sbatch"), str(script)], check=True)
+    elif todo:
+        return run_local(args, todo, len(runs), extra_args)
+    return 0
+
+
+def run_local(args, todo, total, extra_args):
     if not TRAIN_PY.exists():
         raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
     store.make_folder(args.out)
@@ -522,71 +480,55 @@ def cmd_run(args, extra_args):
         print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
               f"again to retry them", flush=True)
         return 1
-    print(f"sweep: all {len(runs)} runs finished", flush=True)
+    print(f"sweep: all {total} runs finished", flush=True)
     return 0
 
 
 # -----------------------------------------------------------------------------
-# collect: run folders -> results.csv
+# collect, table, plot, curves: report.py's text and figures, written atomically
 
-def collect(run_root, out_csv=None):
-    """Every summary.json under run_root -> one results.csv row each, written atomically."""
-    out_csv = Path(out_csv) if out_csv else Path(run_root) / "results.csv"
-    store.write_atomic(out_csv, report.results_csv(run_root))
-    return out_csv
-
-
-# -----------------------------------------------------------------------------
-# table, plot, curves: report.py's text and figures, written atomically
-
-def save_figure(fig, folder, stem):
-    """FOLDER/STEM.png and .pdf, each complete or not there at all."""
-    paths = [Path(folder) / f"{stem}.{ext}" for ext in ("png", "pdf")]
-    for path in paths:
+def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or not there
+    for path in (Path(folder) / f"{stem}.png", Path(folder) / f"{stem}.pdf"):
         with store.open_atomic(path) as f:
             fig.savefig(f, format=path.suffix[1:], dpi=120)
-    return paths
+        print(f"sweep: wrote {path}")
+
+
+def cmd_collect(args):
+    out_csv = Path(args.out or Path(args.dir) / "results.csv")
+    store.write_atomic(out_csv, results_csv(args.dir))
+    print(f"sweep: wrote {out_csv}")
 
 
 def cmd_table(args):
-    """Print the tables; with --out also write them there (table.md, table.csv): a CSV's own
-    folder may be one the user would not expect files in (tests/data for the paper's runs)."""
+    """Print the tables; write them only into --out (a CSV's own folder may be tests/data)."""
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
     print(markdown)
     if not args.out:
         print("sweep: pass --out DIR to write table.md and table.csv")
-        return 0
+        return
     out = store.make_folder(args.out)
     store.write_atomic(out / "table.md", markdown)
     store.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
     print(f"sweep: wrote {out / 'table.md'} and {out / 'table.csv'}")
-    return 0
 
 
 def cmd_plot(args):
     columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)  # Fig. 3's too
-    cells = report.reduce_runs(report.read_results(args.results, args.l0, columns),
-                               args.lrs_mean)
-    ref_cells = (report.reduce_runs(report.read_results(args.reference, columns=columns),
-                                    args.lrs_mean) if args.reference else [])
+    cells = report.reduce_runs(report.read_results(args.results, args.l0, columns), args.lrs_mean)
+    ref_cells = report.reduce_runs(report.read_results(args.reference, columns=columns),
+                                   args.lrs_mean) if args.reference else []
     out = store.make_folder(args.out or Path(args.results).parent)
     for stem, fig in report.figures(cells, ref_cells):
-        for path in save_figure(fig, out, stem):
-            print(f"sweep: wrote {path}")
-    return 0
+        save_figure(fig, out, stem)
 
 
-def cmd_curves(args):
-    """Curves over training of a few runs (log.jsonl, coloured by the head in config.json):
-    report.CURVES vs step, into OUT/NAME.png and .pdf."""
-    logs = {run: report.read_log(run) for run in args.runs}
-    configs = {run: report.json_object(Path(run) / "config.json")
+def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names their heads
+    logs = {run: read_log(run) for run in args.runs}
+    configs = {run: json_object(Path(run) / "config.json")
                if (Path(run) / "config.json").exists() else {} for run in args.runs}
-    fig = report.curves_figure(logs, configs)
-    for path in save_figure(fig, store.make_folder(args.out), args.name):
-        print(f"sweep: wrote {path}")
-    return 0
+    save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
 
 
 # -----------------------------------------------------------------------------
@@ -597,36 +539,31 @@ def parse_args(argv=None):
                                      allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", allow_abbrev=False,
-                              help="launch a grid of train.py runs "
-                                   "(unknown options go to train.py)")
+                              help="launch a grid of train.py runs (other options go to train.py)")
     run.add_argument("--grid", required=True, choices=tuple(GRIDS))
-    run.add_argument("--sizes", nargs="+", help="model sizes (paper: 16M 29M 57M 109M 221M)")
-    run.add_argument("--lrs", nargs="+", type=float, help="learning rates (paper: 3e-4 ... 3e-1)")
-    run.add_argument("--heads", nargs="+", help=f"heads among {', '.join(HEADS)}")
-    run.add_argument("--tie", nargs="+", type=report.boolean,
-                     help="weight tying: false, true or both")
-    run.add_argument("--lams", nargs="+", type=float, help="λ for z_loss and mu_loss")
-    run.add_argument("--caps", nargs="+", type=float, help="c for soft_cap")
+    for option, kind, text in (("--sizes", str, "model sizes (paper: 16M 29M 57M 109M 221M)"),
+                               ("--lrs", float, "learning rates (paper: 3e-4 ... 3e-1)"),
+                               ("--heads", str, f"heads among {', '.join(HEADS)}"),
+                               ("--tie", report.boolean, "weight tying: false, true or both"),
+                               ("--lams", float, "λ for z_loss and mu_loss"),
+                               ("--caps", float, "c for soft_cap"),
+                               ("--seeds", int, "train.py --seed of each run")):
+        run.add_argument(option, nargs="+", type=kind, help=text)
     run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
                      help="train.py --dtype of each run (proxy: both)")
-    run.add_argument("--seeds", nargs="+", type=int, help="train.py --seed of each run")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
-    run.add_argument("--gpus", help="local: GPU ids to run on at once, e.g. 0,1,2,3 "
-                                    "(each run gets --nproc_per_node of them)")
-    run.add_argument("--jobs", type=store.positive_int, default=1,
-                     help="local, without --gpus: runs at once (CPU: one per core)")
+    run.add_argument("--gpus", help="local: GPU ids to share out (--nproc_per_node a run)")
+    run.add_argument("--jobs", type=store.positive_int, default=1, help="local, CPU: runs at once")
     run.add_argument("--nproc_per_node", type=store.positive_int, default=1,
                      help="processes (GPUs) per run; >1 uses torchrun")
     run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
     run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
-                     help="slurm: extra #SBATCH options without the dashes, "
-                          "e.g. partition=gpu time=2-00:00:00")
+                     help="slurm: #SBATCH options without dashes, e.g. partition=gpu time=1:00:00")
     run.add_argument("--array_limit", type=store.non_negative_int, default=0,
                      help="slurm: at most this many tasks at once (0: no limit)")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
-    run.add_argument("--dry_run", action="store_true",
-                     help="print the commands of the runs to do, run nothing")
+    run.add_argument("--dry_run", action="store_true", help="print the runs' commands, run none")
     gather = commands.add_parser("collect", help="every summary.json under DIR -> DIR/results.csv")
     gather.add_argument("dir")
     gather.add_argument("--out", help="CSV path (default DIR/results.csv)")
@@ -634,19 +571,14 @@ def parse_args(argv=None):
                        ("plot", "the paper's Fig. 2/3/4/8 as PNG + PDF")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("results", help="a results CSV (from collect, or the published runs)")
-        sub.add_argument("--out", help="output folder (table: none, print only; plot: the "
-                                        "CSV's folder)")
+        sub.add_argument("--out", help="output folder (table: none; plot: the CSV's folder)")
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
-                         help="divide the LRS sum by n_η − 1 (published tables) "
-                              "or n_η (Eq. 22)")
-        sub.add_argument("--l0", type=store.positive_float,
-                         help="loss at initialisation for every run "
-                              "(default: init_loss, else 10.83/10.85 by size)")
+                         help="divide the LRS sum by n_η − 1 (published tables) or n_η (Eq. 22)")
+        sub.add_argument("--l0", type=store.positive_float, help="loss at initialisation for "
+                         "every run (default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
-            sub.add_argument("--reference",
-                             help="a CSV of the paper's runs to draw beside ours (dashed)")
-    curves = commands.add_parser("curves", help="loss, ‖μ‖, logits and precision vs step of "
-                                                "some runs, as PNG + PDF")
+            sub.add_argument("--reference", help="a CSV of the paper's runs to draw (dashed)")
+    curves = commands.add_parser("curves", help="report.CURVES vs step of runs, as PNG + PDF")
     curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
     curves.add_argument("--out", required=True, help="output folder, as for plot")
     curves.add_argument("--name", default="curves", help="the figure's file name, no extension")
@@ -658,14 +590,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, extra = parse_args(argv)
+    commands = {"run": lambda args: cmd_run(args, extra), "collect": cmd_collect,
+                "table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
     try:
-        if args.command == "run":
-            return cmd_run(args, extra)
-        if args.command == "collect":
-            print(f"sweep: wrote {collect(args.dir, args.out)}")
-            return 0
-        commands = {"table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
-        return commands[args.command](args)
+        return commands[args.command](args) or 0
     except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended

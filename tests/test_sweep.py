@@ -195,6 +195,31 @@ def test_proxy_train_settings_come_first_so_the_command_line_wins(tmp_path, caps
     assert command[command.index("--data") + 1] == "data/shakespeare"
 
 
+def test_the_papers_grids_vary_the_data_order_with_the_seed_and_the_proxy_keeps_its_own(
+        tmp_path, capsys):
+    """The paper's code draws each batch from a random shard at random windows, seeded, so its
+    seeds vary the data order too: its grids pass --data_order random. The proxy's committed
+    runs read the text in order, so the proxy grid keeps that order; custom leaves train.py's."""
+    def commands(*argv):
+        assert sweep.main(["run", *argv, "--out", str(tmp_path), "--dry_run"]) == 0
+        return [line.split() for line in capsys.readouterr().out.splitlines()
+                if not line.startswith("sweep: ")]  # the count, a note on missing --data
+
+    def order(command):
+        return [command[i + 1] for i, arg in enumerate(command) if arg == "--data_order"]
+    paper = commands("--grid", "paper", "--sizes", "16M", "--lrs", "1e-3", "--seeds", "0", "1")
+    assert len(paper) == 2 * 2 * 5 and all(order(c) == ["random"] for c in paper)
+    assert {c[c.index("--seed") + 1] for c in paper} == {"0", "1"}
+    assert all(order(c) == ["random"] for c in commands("--grid", "lambda", "--lrs", "1e-3"))
+    assert all(order(c) == ["sequential"] for c in commands("--grid", "proxy", "--lrs", "1"))
+    [custom] = commands("--grid", "custom", "--sizes", "tiny", "--lrs", "1e-3", "--heads",
+                        "baseline")
+    assert order(custom) == []
+    [mine] = commands("--grid", "paper", "--sizes", "16M", "--lrs", "1e-3", "--heads", "baseline",
+                      "--tie", "false", "--data_order", "sequential")
+    assert order(mine) == ["random", "sequential"]  # the user's comes last: argparse keeps it
+
+
 def test_dtype_and_seed_columns_label_the_table_columns():
     rows = [{"size": "tiny", "dtype": d, "seed": n} for d in ("float32", "bfloat16")
             for n in ("0", "1")] + [{"size": "16M", "dtype": "float32", "seed": "0"}]
@@ -426,7 +451,7 @@ def test_collect_writes_one_row_per_finished_run(hand_made_runs):
     assert sweep.main(["collect", str(hand_made_runs)]) == 0
     with open(hand_made_runs / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == report.RESULT_COLUMNS
+    assert tuple(rows[0]) == sweep.RESULT_COLUMNS
     by_run = {r["run"]: r for r in rows}
     assert len(rows) == 6 and "tiny_mu_center_lr1_tie0" not in by_run
     diverged = by_run["tiny_baseline_lr0.1_tie0"]
@@ -483,43 +508,81 @@ def test_plot_writes_png_and_pdf_beside_the_paper(hand_made_runs, tmp_path):
 PROXY = ROOT / "experiments" / "proxy" / "results" / "results.csv"
 
 
-def drawn_figures(csv_path):
+def legend_clear_of_panels(fig):
+    """Whether the figure has one legend, no panel has its own, and it overlaps no panel."""
+    fig.canvas.draw()
+    boxes = [ax.get_window_extent() for ax in fig.axes if ax.get_visible()]
+    [legend] = fig.legends
+    return (not any(ax.get_legend() for ax in fig.axes)
+            and not any(legend.get_window_extent().overlaps(box) for box in boxes))
+
+
+def tick_labels(ax):
+    """The y tick labels inside the panel's view."""
+    low, high = ax.get_ylim()
+    return [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high
+            and t.get_text()]
+
+
+def drawn_figures(csv_path, draw=False):
     """{stem: what its panels hold} for report.figures of a results CSV, read as they are drawn
-    (each figure is closed when the next is asked for)."""
+    (each figure is closed when the next is asked for); draw: check the legend too."""
     columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)
     cells = report.reduce_runs(report.read_results(csv_path, columns=columns))
     drawn = {}
     for stem, fig in report.figures(cells):
-        drawn[stem] = {"size": tuple(fig.get_size_inches()), "axes": [
+        drawn[stem] = {"size": tuple(fig.get_size_inches()), "title": fig.get_suptitle(),
+                       "legend_clear": legend_clear_of_panels(fig) if draw else None, "axes": [
             {"title": ax.get_title(), "yscale": ax.get_yscale(), "xlabel": ax.get_xlabel(),
+             "ylabel": ax.get_ylabel(), "ylim": ax.get_ylim(),
+             "marks": [(t.get_text(), t.xy) for t in ax.texts if hasattr(t, "xy")],
              "styles": {line.get_linestyle() for line in ax.get_lines()}}
             for ax in fig.axes if ax.get_visible()]}
-    return drawn
+    return drawn, cells
 
 
 def test_lrs_joins_model_sizes_by_lines_and_shows_settings_columns_as_markers():
-    proxy = drawn_figures(PROXY)["fig2_loss_lrs_untied"]["axes"][-1]   # tiny bf16/seed1/float32
+    proxy = drawn_figures(PROXY)[0]["fig2_loss_lrs_untied"]["axes"][-1]  # tiny bf16/seed1/float32
     assert proxy["xlabel"] == "runs (size, dtype, seed)" and proxy["styles"] == {"None"}
-    paper = drawn_figures(REFERENCE)["fig2_loss_lrs_untied"]["axes"][-1]  # 16M … 221M
+    paper = drawn_figures(REFERENCE)[0]["fig2_loss_lrs_untied"]["axes"][-1]  # 16M … 221M
     assert paper["xlabel"] == "model size N" and paper["styles"] == {"-"}
 
 
 def test_logit_figures_give_a_metric_one_scale_and_one_column_a_grid_not_a_strip():
-    drawn = drawn_figures(PROXY)
+    drawn = drawn_figures(PROXY)[0]
     untied = drawn["fig3_logits_untied"]["axes"]   # rows = metrics, 3 columns
     mu_row = untied[6:9]                           # ‖μ‖: the seed-1 column too stays symlog
     assert [ax["yscale"] for ax in mu_row] == ["symlog"] * 3
     width, height = drawn["fig3_logits_tied"]["size"]  # one column: 7 metrics in 2 rows
     assert width > height and len(drawn["fig3_logits_tied"]["axes"]) == 7
+    assert all(ax["ylabel"] for ax in untied) and "CE gap" not in str(untied)
+    assert untied[1]["title"].startswith("tiny bfloat16 seed1\n(only baseline and mu_center run)")
+
+
+def test_loss_figure_marks_the_points_beyond_its_axis_and_says_why_a_column_is_short():
+    """Soft-cap at η = 1 ends at L₀, far above the zoom on the optimum: it used to leave the
+    panel unmarked; the seed-1 panel showed two heads without a word."""
+    drawn, cells = drawn_figures(PROXY, draw=True)
+    figure = drawn["fig2_loss_lrs_untied"]
+    assert figure["legend_clear"] and drawn["fig3_logits_untied"]["legend_clear"]
+    bf16, seed1, float32 = figure["axes"][:3]
+    assert seed1["title"] == "tiny bfloat16 seed1\n(only baseline and mu_center run)"
+    assert bf16["title"] == "tiny bfloat16" and bf16["ylabel"] and seed1["ylabel"]
+    for ax, column in ((bf16, "tiny bfloat16"), (float32, "tiny float32")):
+        [soft_cap] = [c for c in cells if c.size == column and c.head == "soft_cap" and not c.tie]
+        beyond = [(f"{loss:.2f}", (lr, ax["ylim"][1])) for lr, loss in zip(soft_cap.lrs,
+                  soft_cap.losses) if loss > ax["ylim"][1]]
+        assert beyond and ax["marks"] == beyond and beyond[0][1][0] == 1.0
+    assert seed1["marks"] == []
 
 
 def write_curve_run(folder, head, seed, val_steps=(30,)):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"head": head, "seed": seed, "lr": 1.0,
-                                                    "size": "tiny"}))
+                                                    "size": "tiny", "tie": False}))
     records = [{"step": step, "loss": 7 - step / 10, "mu_norm": 0.0 if head == "mu_center"
-                else step * 2.0, **({"val_loss": 6.5} if step in val_steps else {})}
-               for step in range(1, 31)]
+                else step * 2.0, "logit_absmax": 60 - step * 1.8,  # 6 … 58: within one decade
+                **({"val_loss": 6.5} if step in val_steps else {})} for step in range(1, 31)]
     (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return folder
 
@@ -527,12 +590,13 @@ def write_curve_run(folder, head, seed, val_steps=(30,)):
 def test_curves_colour_by_head_name_what_differs_and_mark_a_single_point(tmp_path):
     runs = {(head, seed): write_curve_run(tmp_path / f"{head}{seed}", head, seed)
             for head in ("baseline", "mu_center") for seed in (0, 1)}
-    logs = {str(run): report.read_log(run) for run in runs.values()}
-    configs = {str(run): report.json_object(run / "config.json") for run in runs.values()}
+    logs = {str(run): sweep.read_log(run) for run in runs.values()}
+    configs = {str(run): sweep.json_object(run / "config.json") for run in runs.values()}
     fig = report.curves_figure(logs, configs)
-    loss, val, mu = (ax for ax in fig.axes if ax.get_visible())
-    assert [ax.get_title() for ax in (loss, val, mu)] == ["training loss", "validation loss",
-                                                          "‖μ‖"]  # panels no run logged: gone
+    loss, val, mu, absmax = (ax for ax in fig.axes if ax.get_visible())
+    titles = dict(report.CURVES)  # panels no run logged: gone
+    assert [ax.get_title() for ax in (loss, val, mu, absmax)] == [
+        titles[key] for key in ("loss", "val_loss", "mu_norm", "logit_absmax")]
     labels = {line.get_label(): line for line in loss.get_lines()}
     assert sorted(labels) == ["baseline, seed 0", "baseline, seed 1", "mu_center, seed 0",
                               "mu_center, seed 1"]
@@ -541,10 +605,28 @@ def test_curves_colour_by_head_name_what_differs_and_mark_a_single_point(tmp_pat
     assert labels["baseline, seed 0"].get_linestyle() != labels["baseline, seed 1"].get_linestyle()
     assert {line.get_marker() for line in val.get_lines()} == {"o"}   # one point each: visible
     assert {line.get_marker() for line in loss.get_lines()} == {"None"}
-    assert mu.get_yscale() == "symlog"
+    assert mu.get_yscale() == absmax.get_yscale() == "symlog"
     out = tmp_path / "figures"
     assert sweep.main(["curves", *map(str, runs.values()), "--out", str(out), "--name", "c"]) == 0
     assert (out / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curves_say_what_they_show(tmp_path):
+    """curves_*.png had no title, no y labels, the legend inside one panel, "CE gap", and a log
+    axis within one decade (max |l| from 6 to 58) showed the single label 10."""
+    runs = [write_curve_run(tmp_path / head, head, 0) for head in ("baseline", "mu_center")]
+    logs = {str(run): sweep.read_log(run) for run in runs}
+    configs = {str(run): sweep.json_object(run / "config.json") for run in runs}
+    fig = report.curves_figure(logs, configs)
+    assert fig.get_suptitle() == "baseline vs mu_center: tiny model, η = 1.0, untied, seed 0"
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert all(ax.get_ylabel() for ax in panels) and legend_clear_of_panels(fig)
+    assert [label.get_text() for label in fig.legends[0].get_texts()] == ["baseline",
+                                                                        "mu_center"]
+    absmax = panels[-1]
+    assert absmax.get_title() == "largest |logit|" and tick_labels(absmax) == ["10", "20", "50"]
+    assert all(len(tick_labels(ax)) > 1 for ax in panels if ax.get_yscale() != "linear")
+    assert "CE gap" not in str(report.CURVES) + str(report.PRECISION_METRICS)
 
 
 @pytest.mark.parametrize("log, problem", [
@@ -867,7 +949,7 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
         assert float(rows[("tiny", head, None)]["optimal_loss"]) == min(losses)
         assert float(rows[("tiny", head, None)]["lrs"]) == pytest.approx(max(losses) - min(losses),
                                                                          rel=1e-12)
-    assert "| N | baseline | mu_center |" in (out / "table.md").read_text()
+    assert "| model size N | baseline | mu_center |" in (out / "table.md").read_text()
     for stem in ("fig2_loss_lrs_untied", "fig3_logits_untied"):
         assert (out / f"{stem}.png").stat().st_size > 10_000 and (out / f"{stem}.pdf").exists()
 
