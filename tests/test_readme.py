@@ -1,6 +1,7 @@
 """README.md's install and Quickstart commands, run as written (train.py with fewer steps), and
 the console lines, the refusal and the download sizes it quotes checked against what the code
 does, so the front page cannot drift from the code. Also: the GPT-2 vocabulary loads offline."""
+import csv
 import os
 import re
 import shlex
@@ -136,3 +137,28 @@ def test_online_nothing_changes(tmp_path):
     cache, downloads = tmp_path / "cache", tmp_path / "downloads"
     assert load_gpt2(cache, downloads, "online") == ["[15496, 995]", str(downloads)]
     assert not cache.exists() and len(list(downloads.iterdir())) == 2
+
+
+def rows(path: str) -> list[dict]:
+    with open(ROOT / path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_numbers_the_front_page_quotes_are_the_committed_results():
+    text = flat(section("What the experiments found"))
+    gap, = (r for r in rows("experiments/mechanism/results/gaps.csv")
+            if (r["condition"], r["shift"]) == ("bf16", "along1000"))
+    assert f"+{float(gap['gap_end_mean']):.2f} nats at l̄ = 1,000" in text
+    blown = [r for r in rows("experiments/mechanism/results/runs.csv")
+             if (r["condition"], r["shift"]) == ("bf16", "along3000")
+             and float(r["val_loss_end"]) > float(r["val_loss_start"]) * 10]
+    assert len(blown) == 2 and "two of three bf16 runs blow up" in text
+    assert f"(validation loss ≥ {min(float(r['val_loss_end']) for r in blown):.0f})" in text
+    proj = [float(r["h_mu_proj"]) for r in rows("experiments/alignment/results/results.csv")
+            if r["head"] == "baseline"]
+    assert len(proj) == 7
+    assert f"h̄·μ̂ ends between {min(proj):.3f} and {max(proj):.3f}".replace("-", "−") in text
+    paper, = (r for r in rows("tests/data/oec_untied_runs.csv")
+              if (r["size"], r["lr"], r["head"]) == ("16M", "3e-01", "baseline"))
+    assert f"≈ {float(paper['logit_mean']) / float(paper['mu_norm']):.1f} in the paper's 16M " \
+        "baseline at η = 0.3" in text
