@@ -56,9 +56,9 @@ def test_a_failed_compile_is_one_line_and_recorded(markov_data, tmp_path, monkey
         raise RuntimeError("no compiler on this machine")
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=no_compiler))
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # restored afterwards
-    try:
-        train.main(tiny(markov_data, tmp_path, "--compile", "--log_every", "1", steps=2))
+    try:  # torch's own patching: monkeypatch's restore breaks its config module (pytest ≥ 9.2)
+        with torch._dynamo.config.patch(suppress_errors=False):
+            train.main(tiny(markov_data, tmp_path, "--compile", "--log_every", "1", steps=2))
     finally:
         torch._dynamo.reset()
     printed = capsys.readouterr()
