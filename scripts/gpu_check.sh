@@ -34,9 +34,10 @@
 #
 # What survives a time limit: bench.py rewrites its JSON after every variant; phase d's run logs
 # are merged into d_long.jsonl every few seconds as they grow, each file replaced atomically.
-# Every process this script starts runs in the background under its own PR_SET_PDEATHSIG, so it
-# dies with the script even under SIGKILL (no `timeout` with a process group of its own); a
-# TERM or INT is handled within a second or two: children stopped, logs merged, table written.
+# Every phase's process runs in the background under PR_SET_PDEATHSIG (launch), so it dies with
+# the script even under SIGKILL (no `timeout` with a process group of its own); the script waits
+# in one-second sleeps, so a TERM or INT is handled within a second or two: children stopped,
+# logs merged, table written.
 #
 # Compute (model.flops_per_token: 6·N + 12·L·D·T a token, N the weights of matrix products):
 #   16M:  6 × 15,568,896 + 12 × 6 × 224 × 2048  = 126.4 MFLOP a token; × 16 × 2048 tokens
@@ -111,7 +112,7 @@ LOG="$OUT/gpu_check.log"
 : > "$LOG"
 : > "$OUT/phases.jsonl"
 START=$SECONDS
-CHILDREN=() CURRENT=
+CURRENT= CURRENT_BEGIN=0  # the phase running, and when it began: for a stopped phase's row
 
 record() {  # record PHASE KEY=VALUE ...: one row of phases.jsonl
     "$PYTHON" -c 'import json, sys
@@ -134,26 +135,24 @@ launch() {  # launch OUTPUT COMMAND ...: COMMAND in the background, dying with t
     local output=$1
     shift
     "$PYTHON" -c "$DIE_WITH_PARENT" $$ "$@" >> "$output" 2>&1 &
-    CHILDREN+=($!)
 }
 
-alive() {  # alive PID ...: is any of them still running
-    local pid
-    for pid; do kill -0 "$pid" 2> /dev/null && return 0; done
-    return 1
+running() {  # running PID ...: those of them still running (this shell's jobs: a pid that
+    local pid jobs=" $(jobs -pr | tr '\n' ' ') "   # ended is never signalled, even if reused)
+    for pid; do [[ $jobs == *" $pid "* ]] && echo "$pid"; done
 }
 
 supervise() {  # supervise CAP_S TICK PID ...: wait for the PIDs, running TICK every 2 s; TERM
-    local cap=$1 tick=$2 begin=$SECONDS rc=0 pid  # at the cap, KILL 10 s later; 124 when cut
-    shift 2
-    while alive "$@"; do
+    local cap=$1 tick=$2 begin=$SECONDS last=$SECONDS rc=0 pid left
+    shift 2                                         # at the cap, KILL 10 s later; 124 when cut
+    while left=($(running "$@")) && ((${#left[@]})); do
         if ((SECONDS - begin >= cap + 10)); then
-            kill -KILL "$@" 2> /dev/null
+            kill -KILL "${left[@]}" 2> /dev/null
         elif ((SECONDS - begin >= cap)); then
-            kill -TERM "$@" 2> /dev/null
+            kill -TERM "${left[@]}" 2> /dev/null
         fi
         sleep 1  # a trapped TERM runs after this second, not after the phase
-        (((SECONDS - begin) % 2)) || $tick
+        ((SECONDS - last < 2)) || { $tick; last=$SECONDS; }
     done
     for pid; do wait "$pid" || rc=$?; done
     ((SECONDS - begin >= cap)) && return 124
@@ -186,7 +185,7 @@ phase() {  # phase NAME CAP_S COMMAND ...: a command of this script (a function,
     local begin=$SECONDS lines rc
     lines=$(wc -l < "$LOG")
     echo "== $name (at most ${cap}s; $((SECONDS - START))s so far)" | tee -a "$LOG"
-    CURRENT=$name
+    CURRENT=$name CURRENT_BEGIN=$begin
     if declare -F "$1" > /dev/null; then
         "$@" "$cap" >> "$LOG" 2>&1
     else
@@ -423,17 +422,22 @@ PY
 }
 
 stop_children() {  # TERM every child still running, KILL what is left after 3 s
-    ((${#CHILDREN[@]})) || return 0
-    kill -TERM "${CHILDREN[@]}" 2> /dev/null
-    local tries
-    for tries in 1 2 3; do alive "${CHILDREN[@]}" && sleep 1; done
-    kill -KILL "${CHILDREN[@]}" 2> /dev/null
+    local left tries
+    left=($(jobs -pr))
+    ((${#left[@]})) || return 0
+    kill -TERM "${left[@]}" 2> /dev/null
+    for tries in 1 2 3; do
+        left=($(running "${left[@]}"))
+        ((${#left[@]})) && sleep 1
+    done
+    left=($(running "${left[@]}"))
+    ((${#left[@]} == 0)) || kill -KILL "${left[@]}" 2> /dev/null
 }
 
 finish() {  # also when the whole script is stopped: children ended, logs merged, table printed
     trap - EXIT
     stop_children
-    [ -n "$CURRENT" ] && record "$CURRENT" status=stopped seconds=$((SECONDS - START))
+    [ -n "$CURRENT" ] && record "$CURRENT" status=stopped seconds=$((SECONDS - CURRENT_BEGIN))
     merge_long_pairs
     for out in "$SCRATCH"/*.out; do
         [ -f "$out" ] && { echo "== $out"; torch_logged < "$out"; tail -n 30 "$out"; } >> "$LOG"
@@ -469,7 +473,8 @@ phase c "$CAP_C" "${BENCH[@]}" --no-compile --no_train --sizes "${C_SIZES[@]}" \
     --heads "${C_HEADS[@]}" --loss_paths plain chunked --chunk_size 4096 \
     --loss_tokens "$LOSS_TOKENS" --json "$OUT/c_head_alone.json"
 [[ " $PHASES " == *" c "* ]] && head_anchors
-phase d $((BUDGET_S - RESERVE_S - (SECONDS - START) - CAP_E)) long_pairs
+[[ " $PHASES " == *" e "* ]] && KEEP_E=$CAP_E || KEEP_E=0  # d leaves e its cap
+phase d $((BUDGET_S - RESERVE_S - (SECONDS - START) - KEEP_E)) long_pairs
 phase e "$CAP_E" "${BENCH[@]}" "$COMPILE" --sizes "$SIZE_E" --heads baseline --loss_paths plain \
     --json "$OUT/e_step.json"
 exit 0  # each phase's exit code is in phases.jsonl

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import bench
 import fused_loss
 import heads
 import prepare
@@ -235,7 +236,7 @@ def test_a_term_during_a_phase_stops_it_and_keeps_what_it_measured(tmp_path, tex
 def test_a_kill_during_phase_d_leaves_its_merged_logs_and_no_process(tmp_path, text_data):
     """SIGKILL, which no trap sees, while phase d's runs train: d_long.jsonl already holds
     their log rows (merged as they grow, whole lines only), and the runs die with the script."""
-    proc = rehearsal(tmp_path, text_data, PHASES="d", D_STEPS="60")
+    proc = rehearsal(tmp_path, text_data, PHASES="d", D_STEPS="20")
     long = tmp_path / "out" / "d_long.jsonl"
     wait_for(lambda: long.exists() and '"step"' in long.read_text())
     proc.kill()
@@ -247,3 +248,13 @@ def test_a_kill_during_phase_d_leaves_its_merged_logs_and_no_process(tmp_path, t
                    for run in {r["run"] for r in rows})  # killed while they ran
     assert [r["phase"] for r in jsonl(tmp_path / "out" / "phases.jsonl")] == ["env", "d_plan"]
     wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=15)
+
+
+def test_peak_memory_with_reserved_gives_none_for_a_cpu_beside_the_peak():
+    """On a CPU the RSS growth is all the process held, so there is no reserved figure apart
+    from it: (peak, None), the peak seeing a 64 MiB transient buffer."""
+    def work():
+        torch.ones(16 * 2**20).sum()   # 64 MiB of float32, freed at once
+
+    peak, reserved = bench.peak_memory(torch.device("cpu"), work, reserved=True)
+    assert reserved is None and (peak is None or peak >= 60 * 2**20)
