@@ -70,9 +70,10 @@ if ! "$PYTHON" -c "import torch" 2> /dev/null; then
     exit 1
 fi
 seed_tiktoken_cache
-if [ "${1:-}" = prepare ]; then  # shakespeare.sh calls `python`: make that $PYTHON
-    bin=$(mktemp -d)
-    ln -s "$(command -v "$PYTHON")" "$bin/python"
+if [ "${1:-}" = prepare ]; then  # shakespeare.sh calls `python`: make that $PYTHON (by a
+    bin=$(mktemp -d)               # script: a venv's python found through a symlink is not in it)
+    printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$PYTHON")" > "$bin/python"
+    chmod +x "$bin/python"
     [ -d data/shakespeare ] || PATH="$bin:$PATH" bash scripts/shakespeare.sh
     rc=$?
     rm -r "$bin"
