@@ -113,6 +113,7 @@ LOG="$OUT/gpu_check.log"
 : > "$LOG"
 : > "$OUT/phases.jsonl"
 START=$SECONDS
+exec 3>&1 4>&2  # where the table goes, also when a TERM lands inside a redirected phase
 CURRENT= CURRENT_BEGIN=0  # the phase running, and when it began: for a stopped phase's row
 
 record() {  # record PHASE KEY=VALUE ...: one row of phases.jsonl
@@ -135,7 +136,7 @@ os.execvp(sys.argv[2], sys.argv[2:])'
 launch() {  # launch OUTPUT COMMAND ...: COMMAND in the background, dying with this script
     local output=$1
     shift
-    "$PYTHON" -c "$DIE_WITH_PARENT" $$ "$@" >> "$output" 2>&1 &
+    "$PYTHON" -c "$DIE_WITH_PARENT" $$ "$@" >> "$output" 2>&1 3>&- 4>&- &
 }
 
 running() {  # running PID ...: those of them still running (this shell's jobs: a pid that
@@ -437,6 +438,7 @@ stop_children() {  # TERM every child still running, KILL what is left after 3 s
 
 finish() {  # also when the whole script is stopped: children ended, logs merged, table printed
     trap - EXIT
+    exec >&3 2>&4
     stop_children
     [ -n "$CURRENT" ] && record "$CURRENT" status=stopped seconds=$((SECONDS - CURRENT_BEGIN))
     merge_long_pairs
