@@ -376,13 +376,13 @@ def gib(x):
 def label(r):
     return r["head"] + ("+f32" if r.get("head_dtype") == "float32" else "")
 
-lines = [f"{'phase':<5} {'what':<44} measured"]
-for phase, name in (("a", "a_step.json"), ("e", "e_step.json")):
-    for r in rows(name, "train"):
-        lines.append(f"{phase:<5} {r['size'] + ' ' + label(r) + ' step (' + r['timing'] + ')':<44} "
-                     f"{1e3 * r['step_s']:.1f} ms, {r['tokens_per_s']:,.0f} tok/s, MFU "
-                     f"{pct(r['mfu'])}, peak {gib(r['peak_mem_bytes'])} (reserved "
-                     f"{gib(r.get('peak_reserved_bytes'))}), compile+warm-up {r['warmup_s']:.0f} s")
+def steps(phase, name):
+    return [f"{phase:<5} {r['size'] + ' ' + label(r) + ' step (' + r['timing'] + ')':<44} "
+            f"{1e3 * r['step_s']:.1f} ms, {r['tokens_per_s']:,.0f} tok/s, MFU {pct(r['mfu'])}, "
+            f"peak {gib(r['peak_mem_bytes'])} (reserved {gib(r.get('peak_reserved_bytes'))}), "
+            f"compile+warm-up {r['warmup_s']:.0f} s" for r in rows(name, "train")]
+
+lines = [f"{'phase':<5} {'what':<44} measured"] + steps("a", "a_step.json")
 for r in rows("b_heads.json", "train"):
     lines.append(f"{'b':<5} {r['size'] + ' ' + label(r) + ' overhead (' + r['timing'] + ')':<44} "
                  f"{100 * r['overhead']:+.2f}% ({1e3 * r['step_s']:.1f} ms, compile+warm-up "
@@ -416,7 +416,7 @@ for run in dict.fromkeys(r["run"] for r in long):
         return "n/a" if None in values else f"{values[0]:.3g} → {values[1]:.3g}"
     lines.append(f"{'d':<5} {run:<44} step {last['step']} ({end}), loss {last['loss']:.3f}, "
                  f"‖μ‖ {grew('mu_norm')}, l̄ {grew('logit_mean')}, h̄·μ̂ {grew('h_mu_proj')}")
-table = "\n".join(lines) + "\n"
+table = "\n".join(lines + steps("e", "e_step.json")) + "\n"
 (out / "table.tmp").write_text(table)
 (out / "table.tmp").replace(out / "table.txt")
 print(table, end="")
