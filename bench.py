@@ -155,24 +155,31 @@ def _release_free_heap():
         pass
 
 
-def peak_memory(device, work):
+def peak_memory(device, work, reserved=False):
     """Peak memory of one run of work() above what was held when it started, in bytes, or
     None where it cannot be measured (a CPU without Linux's /proc). Measured apart from the
-    timed runs: on CPU it first releases the free heap, which makes the next run cold."""
+    timed runs: on CPU it first releases the free heap, which makes the next run cold.
+    With reserved, (that peak, the caching allocator's): on CUDA, torch.cuda.max_memory_reserved
+    above the start after empty_cache, what the process held from the driver at the peak
+    (allocated + the allocator's slack: what decides whether runs side by side fit); on a CPU
+    None, the RSS growth being already all it held."""
     runs.sync(device)
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        start = torch.cuda.memory_allocated(device)
+        start = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
         work()
         runs.sync(device)
-        return torch.cuda.max_memory_allocated(device) - start
+        peak = torch.cuda.max_memory_allocated(device) - start[0]
+        return (peak, torch.cuda.max_memory_reserved(device) - start[1]) if reserved else peak
     if not Path("/proc/self/clear_refs").exists():
-        return None
+        return (None, None) if reserved else None
     _release_free_heap()
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
     start = _rss_kib("VmRSS")
     work()
-    return 1024 * (_rss_kib("VmHWM") - start)
+    peak = 1024 * (_rss_kib("VmHWM") - start)
+    return (peak, None) if reserved else peak
 
 
 def timed(device, work):

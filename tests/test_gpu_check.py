@@ -1,17 +1,21 @@
 """The GPU path, checked where a CPU can: scripts/gpu_check.sh's CPU rehearsal writes every file
-of a GPU check; float32 is float32 (TF32 only when asked); a failed compile is said in one line
-and recorded; the first throughput window leaves out the step that compiles; the chunked loss
-stays eager under torch.compile; the peaks of the NVL boards."""
+of a GPU check, and a TERM or a KILL leaves what it measured and no process behind; float32 is
+float32 (TF32 only when asked); a failed compile is said in one line and recorded; the first
+throughput window leaves out the step that compiles; the chunked loss stays eager under
+torch.compile; the peaks of the NVL boards."""
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import bench
 import fused_loss
 import heads
 import prepare
@@ -56,9 +60,9 @@ def test_a_failed_compile_is_one_line_and_recorded(markov_data, tmp_path, monkey
         raise RuntimeError("no compiler on this machine")
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=no_compiler))
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # restored afterwards
-    try:
-        train.main(tiny(markov_data, tmp_path, "--compile", "--log_every", "1", steps=2))
+    try:  # torch's own patching: monkeypatch's restore breaks its config module (pytest ≥ 9.2)
+        with torch._dynamo.config.patch(suppress_errors=False):
+            train.main(tiny(markov_data, tmp_path, "--compile", "--log_every", "1", steps=2))
     finally:
         torch._dynamo.reset()
     printed = capsys.readouterr()
@@ -122,38 +126,135 @@ def test_the_chunked_loss_stays_eager_under_compile(torch_op):
     assert not loss_ops
 
 
-def test_the_cpu_rehearsal_of_gpu_check_writes_every_file_of_a_gpu_check(tmp_path):
-    """DEVICE=cpu bash scripts/gpu_check.sh: every phase runs (tiny, a few steps) and leaves
-    the files a GPU check brings back: at most 8, each under 16 MiB, directly under $OUT. The
-    caps are raised: on a busy shared machine the rehearsal's own (~1 minute idle) could cut."""
-    prepare.prepare_text([ROOT / "tests" / "assets" / "paradise_regained.txt"], tmp_path / "data",
-                         workers=1)
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("text") / "data"
+    prepare.prepare_text([ROOT / "tests" / "assets" / "paradise_regained.txt"], out, workers=1)
+    return out
+
+
+def rehearsal(tmp_path, text_data, **settings):
+    """DEVICE=cpu bash scripts/gpu_check.sh, started; its caps raised (on a busy shared machine
+    the rehearsal's own could cut), inductor's cache kept between test runs (a graph that
+    changed compiles again)."""
+    env = {**os.environ, "DEVICE": "cpu", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
+           "SCRATCH": str(tmp_path / "scratch"), "DATA": str(text_data), "BUDGET_S": "1500",
+           "CAP_A": "300", "CAP_B": "300", "CAP_C": "300", "CAP_E": "300",
+           "TORCHINDUCTOR_CACHE_DIR": str(ROOT / ".pytest_cache" / "inductor"), **settings}
+    return subprocess.Popen(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def wait_for(condition, seconds=300):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.2)
+
+
+def jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def processes_mentioning(text):
+    """Pids of this user's processes whose command line or environment holds text."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:  # not a process, gone, or not ours
+            continue
+        if text.encode() in blob and proc.name != str(os.getpid()):
+            found.append(int(proc.name))
+    return found
+
+
+def test_the_cpu_rehearsal_of_gpu_check_writes_every_file_of_a_gpu_check(tmp_path, text_data):
+    """Every phase runs (tiny, a few steps; phase a compiled by inductor, the graph of CUDA's
+    default path) and leaves the files a GPU check brings back: at most 8, each under 16 MiB,
+    directly under $OUT, with phase d's plan inside the time it was given."""
+    proc = rehearsal(tmp_path, text_data, D_STEPS="2")
+    printed, _ = proc.communicate(timeout=1500)
+    assert proc.returncode == 0, printed
     out = tmp_path / "out"
-    env = {**os.environ, "DEVICE": "cpu", "OUT": str(out), "SCRATCH": str(tmp_path / "scratch"),
-           "DATA": str(tmp_path / "data"), "D_STEPS": "2", "PYTHON": sys.executable,
-           "BUDGET_S": "1500", "CAP_A": "300", "CAP_B": "300", "CAP_C": "300"}
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(path.name for path in out.rglob("*"))
     assert files == ["a_step.json", "b_heads.json", "c_head_alone.json", "d_long.jsonl",
-                     "gpu_check.log", "phases.jsonl", "table.txt"]
+                     "e_step.json", "gpu_check.log", "phases.jsonl", "table.txt"]
     assert all((out / name).stat().st_size < 16 * 2**20 for name in files)
-    phases = {row["phase"]: row for row in map(json.loads, (out / "phases.jsonl").open())}
-    assert [phases[p]["rc"] for p in "abcd"] == [0, 0, 0, 0], phases
-    a = json.loads((out / "a_step.json").read_text())["train"]
-    assert [(r["head"], r["timing"]) for r in a] == [("baseline", "in turns")]
+    phases = {row["phase"]: row for row in jsonl(out / "phases.jsonl")}
+    assert [phases[p]["rc"] for p in "abcde"] == [0, 0, 0, 0, 0], phases
+    a = json.loads((out / "a_step.json").read_text())
+    assert a["settings"]["compile"] and a["settings"]["loss_paths"] == ["plain"]
+    assert [(r["head"], r["timing"]) for r in a["train"]] == [("baseline", "in turns")]
+    assert phases["a"]["graph_breaks"] == 0
+    log = (out / "gpu_check.log").read_text()
+    assert "Recompiling function" not in log[:log.index("== b")]  # one graph, one compile
     b = json.loads((out / "b_heads.json").read_text())["train"]
     assert [(r["head"], r["head_dtype"]) for r in b] == \
         [(h, "auto") for h in heads.HEADS] + [("baseline", "float32")]
     c = json.loads((out / "c_head_alone.json").read_text())["loss_path"]
     assert {r["loss_impl"] for r in c} >= {"plain", "chunked", "F.ce(F.linear)"}
-    long = [json.loads(line) for line in (out / "d_long.jsonl").read_text().splitlines()]
+    anchors = phases["c_anchors"]
+    assert sorted(anchors["compared"] + list(anchors["absent"])) == \
+        ["F.ce(F.linear)", "F.linear_ce", "cce", "liger"]
+    assert anchors["absent"]["liger"] == anchors["absent"]["cce"] == "CUDA only"
+    if not fused_loss.TORCH_OP:
+        assert anchors["absent"]["F.linear_ce"].startswith("needs torch >= 2.13")
+    plan = phases["d_plan"]
+    assert (plan["runs"], plan["steps"]) == (3, 2) and set(plan["how"].values()) == {"measured"}
+    assert plan["start_s"] + plan["compile_s"] + plan["eval_s"] + plan["summary_s"] + \
+        plan["steps_priced"] * plan["round_s"] <= plan["left_s"]
+    long = jsonl(out / "d_long.jsonl")
     runs_logged = {r["run"] for r in long if "step" in r}
     assert runs_logged == {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
                            "baseline_float32_lr0.3"}
     assert all({"mu_norm", "logit_mean", "h_mu_proj", "prec_ce_gap"} <= set(r)
                for r in long if "step" in r)
     assert {r["run"] for r in long if "summary" in r} == runs_logged
+    e = json.loads((out / "e_step.json").read_text())["train"]
+    assert [(r["size"], r["head"]) for r in e] == [("small", "baseline")]
     table = (out / "table.txt").read_text()
-    assert table in proc.stdout and table.count("\nd ") == 3 and table.count("\nb ") == 6
+    assert table in printed and table.count("\nd ") == 4 and table.count("\nb ") == 6
+
+
+def test_a_term_during_a_phase_stops_it_and_keeps_what_it_measured(tmp_path, text_data):
+    """SIGTERM while phase b's bench.py measures: the script stops it at once (not when the
+    phase ends), records b as stopped, writes the table and exits 143; nothing is left running."""
+    proc = rehearsal(tmp_path, text_data, PHASES="b")
+    log = tmp_path / "out" / "gpu_check.log"
+    wait_for(lambda: log.exists() and "training step: building" in log.read_text())
+    proc.send_signal(signal.SIGTERM)
+    printed, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, printed
+    b = [r for r in jsonl(tmp_path / "out" / "phases.jsonl") if r["phase"] == "b"]
+    assert len(b) == 1 and b[0]["status"] == "stopped"  # no row of b ending by itself
+    assert json.loads((tmp_path / "out" / "b_heads.json").read_text())["settings"]["heads"]
+    assert (tmp_path / "out" / "table.txt").exists()
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=15)
+
+
+def test_a_kill_during_phase_d_leaves_its_merged_logs_and_no_process(tmp_path, text_data):
+    """SIGKILL, which no trap sees, while phase d's runs train: d_long.jsonl already holds
+    their log rows (merged as they grow, whole lines only), and the runs die with the script."""
+    proc = rehearsal(tmp_path, text_data, PHASES="d", D_STEPS="20")
+    long = tmp_path / "out" / "d_long.jsonl"
+    wait_for(lambda: long.exists() and '"step"' in long.read_text())
+    proc.kill()
+    proc.communicate(timeout=60)
+    rows = jsonl(long)
+    assert rows and all(r["run"] in {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
+                                     "baseline_float32_lr0.3"} for r in rows)
+    assert not all(any("summary" in r for r in rows if r["run"] == run)
+                   for run in {r["run"] for r in rows})  # killed while they ran
+    assert [r["phase"] for r in jsonl(tmp_path / "out" / "phases.jsonl")] == ["env", "d_plan"]
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=15)
+
+
+def test_peak_memory_with_reserved_gives_none_for_a_cpu_beside_the_peak():
+    """On a CPU the RSS growth is all the process held, so there is no reserved figure apart
+    from it: (peak, None), the peak seeing a 64 MiB transient buffer."""
+    def work():
+        torch.ones(16 * 2**20).sum()   # 64 MiB of float32, freed at once
+
+    peak, reserved = bench.peak_memory(torch.device("cpu"), work, reserved=True)
+    assert reserved is None and (peak is None or peak >= 60 * 2**20)
