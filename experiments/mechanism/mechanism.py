@@ -3,17 +3,13 @@ training continued under five numerics, from an untied bf16 baseline this comman
 What it found: experiments/mechanism/README.md.
 
 In exact arithmetic a common shift of the rows changes no prediction and no AdamW step
-(heads.MuCenter's docstring; ∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0), so a shifted run and μ-centering
-make the unshifted twin's predictions at every step; float32, bf16 and bf16 with a float32 head
-compute that function with other rounding. A gap between twins is finite precision alone, but
-for μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks both in float64).
-Shifts, on the base model's validation hidden states h: none (c = 0); along L (c ∥ h̄, the mean
-logit becomes L: analyze.mean_logit_shift); ortho (‖c‖ as along 1000, along the eigenvector of
-the mean hhᵀ with the smallest eigenvalue: l̄ stays, only the rows grow). Each (condition, shift,
-seed) continues from the base checkpoint's weights and AdamW moments on the seed's batches.
+(∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0), so a gap between a shifted run and its unshifted twin is finite
+precision alone, but for μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks
+both in float64). Shifts of the base model's validation hidden states h: none; along L (c ∥ h̄,
+the mean logit becomes L: analyze.mean_logit_shift); ortho (‖c‖ as along 1000, along the least
+eigenvector of the mean hhᵀ: l̄ stays, only the rows grow).
 """
 import argparse
-import contextlib
 import csv
 import json
 import multiprocessing
@@ -21,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -40,13 +36,8 @@ import train
 from model import from_config, load_checkpoint
 
 
-@dataclass(frozen=True)
-class Condition:  # train.py's --dtype (the body's autocast), --head and --head_dtype
-    dtype: str
-    head: str
-    head_dtype: str = "auto"
-
-
+# train.py's --dtype (the body's autocast), --head and --head_dtype
+Condition = namedtuple("Condition", "dtype head head_dtype", defaults=("auto",))
 CONDITIONS = {"bf16": Condition("bfloat16", "baseline"),
               "float32": Condition("float32", "baseline"),
               "bf16_f32_head": Condition("bfloat16", "baseline", "float32"),
@@ -95,27 +86,23 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
 
 
 @torch.no_grad()
-def mean_logit(model, H_tokens, amp) -> tuple[float, float]:
-    """(l̄, ‖μ‖) on fixed validation windows: l̄ = μ·h̄ (Lemma 1), in float64."""
+def measure_point(model, val, amp) -> dict:
+    """l̄ = μ·h̄ (Lemma 1, float64) and ‖μ‖ on the first validation batch; the mean cross-entropy
+    over all of `val`, in the run's own numerics."""
     mu = heads.mean_embedding(model.output_weight.detach()).double()
-    return (hidden_states(model, H_tokens, amp).mean(0) @ mu).item(), mu.norm().item()
-
-
-@torch.no_grad()
-def val_loss(model, val, amp) -> float:
-    """Mean cross-entropy over the validation windows, in the run's own numerics."""
+    logit_mean = (hidden_states(model, val[0][0], amp).mean(0) @ mu).item()
     model.eval()
     with amp:
-        total = sum(model(x, y)[1]["ce"].double() for x, y in val) / len(val)
+        loss = sum(model(x, y)[1]["ce"].double() for x, y in val) / len(val)
     model.train()
-    return total.item()
+    return dict(logit_mean=logit_mean, mu_norm=mu.norm().item(), val_loss=loss.item())
 
 
 def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
                  measure_every: int) -> dict:
-    """Train `model` on `batches` (a list of (x, y)) at the constant lr from optimizer_state
-    (AdamW's moments, or None), in `dtype` ("bfloat16", "float32", or "float64" for a model in
-    float64): the train loss per step, and every measure_every steps l̄, ‖μ‖ and the val loss."""
+    """Train on `batches` at the constant lr from optimizer_state (AdamW's moments, or None) in
+    `dtype` (or "float64" for a model in float64): the loss per step, measure_point's figures
+    every measure_every steps."""
     amp = amp_for(dtype)
     optimizer = train.make_optimizer(model, argparse.Namespace(lr=lr))
     if optimizer_state is not None:
@@ -123,9 +110,7 @@ def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
     curve, losses, batch_iter = [], [], iter(batches)
     for step in range(len(batches) + 1):
         if step % measure_every == 0 or step == len(batches):
-            lbar, mu_norm = mean_logit(model, val[0][0], amp)  # l̄ on the first val batch
-            curve.append(dict(step=step, logit_mean=lbar, mu_norm=mu_norm,
-                              val_loss=val_loss(model, val, amp)))
+            curve.append(dict(step=step, **measure_point(model, val, amp)))
         if step < len(batches):
             losses.append(train.train_step(model, optimizer, lambda: next(batch_iter), lr, 1,
                                            amp).loss.item())
@@ -144,10 +129,8 @@ def val_windows(args):
     return list(data.val_batches(args.data, args.val_tokens, BASE["batch_size"], BASE["seq_len"]))
 
 
-# ── the experiment ────────────────────────────────────────────────────────────────────────────
-
-def train_base(args) -> Path:
-    """The untied bf16 baseline, trained by train.py (resumed if cut off): its ckpt.pt."""
+def train_base(args):
+    """The untied bf16 baseline in work/base, trained by train.py (resumed if cut off)."""
     out = Path(args.work) / "base"
     if not (out / "summary.json").exists():
         command = [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out_dir",
@@ -155,7 +138,6 @@ def train_base(args) -> Path:
                        arg for key, value in BASE.items() for arg in (f"--{key}", str(value)))]
         print("mechanism: training the base run:", " ".join(command[1:]), flush=True)
         subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return out / "ckpt.pt"
 
 
 def cell_path(args, condition: str, shift: str, seed: int) -> Path:
@@ -207,18 +189,16 @@ def run_all(args):
     pending = [job for job in cells if not cell_path(*job).exists()]
     print(f"mechanism: {len(cells)} runs of {args.steps} steps, {len(cells) - len(pending)} done; "
           f"{args.jobs} at once", flush=True)
-    start, spawn = time.perf_counter(), multiprocessing.get_context("spawn")  # one thread each
-    with spawn.Pool(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
-        mapper = pool.imap_unordered if pool else map
-        for finished, name in enumerate(mapper(run_cell, pending), 1):
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:  # one thread each
+        for finished, name in enumerate(pool.imap_unordered(run_cell, pending), 1):
             eta = (time.perf_counter() - start) / finished * (len(pending) - finished)
             print(f"mechanism: {name} ({len(cells) - len(pending) + finished}/{len(cells)}, "
                   f"ETA {eta / 60:.0f} min)", flush=True)
 
 
 def run_rows(cells: list[dict]) -> list[dict]:
-    """One row per continued run, for runs.csv. logit_mean_drift: how far l̄ wandered from its
-    start, the largest |l̄(t) − l̄(0)| over the logged steps."""
+    """runs.csv's rows; logit_mean_drift: the largest |l̄(t) − l̄(0)| over the logged steps."""
     return [dict(condition=c["condition"], shift=c["shift"], seed=c["seed"],
                  logit_mean_start=c["curve"][0]["logit_mean"],
                  logit_mean_end=c["curve"][-1]["logit_mean"],
@@ -289,9 +269,8 @@ def gap_table(gaps: list[dict], args) -> str:
     cell = {(g["condition"], g["shift"]): g for g in gaps}
 
     def table(caption: str, number) -> list[str]:
-        return [caption, "", "| numerics | " + " | ".join(map(shift_label, shifts)) + " |",
-                "|---" * (len(shifts) + 1) + "|", *(f"| {STYLE[c][1]} | " + " | ".join(
-                    number(cell[c, s]) for s in shifts) + " |" for c in conditions), ""]
+        return [caption, "", pages.markdown_table([["numerics", *map(shift_label, shifts)], *(
+            [STYLE[c][1], *(number(cell[c, s]) for s in shifts)] for c in conditions)]), ""]
     return "\n".join(
         table("Validation loss right after the shift minus the same numerics' unshifted run "
               "(nats; the forward pass alone, the same for every data order):",
@@ -303,8 +282,6 @@ def gap_table(gaps: list[dict], args) -> str:
                 "over the logged steps, mean over the data orders:",
                 lambda g: f"{g['drift_mean']:.0f}"))
 
-
-# ── the figures, from the committed results ───────────────────────────────────────────────────
 
 STYLE = {"bf16": ("tab:red", "bf16"), "float32": ("tab:blue", "float32"),  # colour, label
          "bf16_f32_head": ("tab:purple", "bf16, float32 LM head"),
@@ -383,7 +360,7 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
     fig.savefig(path, dpi=110)
 
 
-def build_parser():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
@@ -400,11 +377,7 @@ def build_parser():
     a("--val_tokens", type=store.positive_int, default=4096, help="validation tokens scored")
     a("--measure_every", type=store.positive_int, default=25, help="steps between l̄, val loss")
     a("--jobs", type=store.positive_int, default=2, help="runs at once (one core each)")
-    return p
-
-
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     try:
         if not args.from_results:
             store.check_dataset(args.data)  # one whole dataset, before any run starts
