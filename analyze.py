@@ -235,12 +235,8 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int,
     return torch.cat(H)[:n_tokens], torch.cat(Y)[:n_tokens]
 
 
-def output_weight64(gpt: model.GPT) -> torch.Tensor:
-    return gpt.output_weight.detach().double()
-
-
-def verify_table(r: dict) -> list[tuple]:
-    """(statement, value, holds) rows; an identity holds at float64 round-off of the logits."""
+def verify_table(r: dict) -> list[dict]:
+    """Rows of statement, value, holds; an identity holds at float64 round-off of the logits."""
     tol = 1e-12 * max(1.0, r["max_abs_logit"])
     rows = {key: (r[key], r[key] <= tol) for key in ("centering_dev", "lemma1_dev", "prop3_mean",
             "prop3_std_dev", "prop3_prob_dev", "prop3_loss_dev", "eq26_dev", "eq32_dev")}
@@ -250,28 +246,26 @@ def verify_table(r: dict) -> list[tuple]:
                 eq35_token_share=(r["eq35_token_share"], r["eq35_token_share"] == 1),
                 eq35_global_holds=(r["max_abs_logit_star"] / r["max_abs_logit"],
                                    r["eq35_global_holds"]))
-    return [(statement, *rows[key]) for key, statement in MEANING.items() if key in rows]
+    return [dict(statement=statement, value=rows[key][0], holds=rows[key][1])
+            for key, statement in MEANING.items() if key in rows]
 
 
 def run_verify(args) -> dict:
     """Theorem 4's proof audited step by step (theorem4.py; --exhaustive: its counterexample
     search, --b_ratio_scan: its scan); with --run or --init also Lemma 1, Lemma 2, Prop. 3 and
     the proof's steps on the model's own hidden states."""
-    audit = theorem4.theorem4_audit()
-    print_table([list(r.values()) for r in audit], list(audit[0]),
-                "Theorem 4's proof (App. B) step by step, exact fractions on the smallest "
-                "counterexamples (theorem4.py); holds: the step's claim holds on the example")
-    result = dict(theorem4_audit=audit)
+    result = dict(theorem4_audit=theorem4.theorem4_audit())
+    print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step, exact "
+                "fractions on the smallest counterexamples (theorem4.py); holds: the step's claim "
+                "holds on the example")
     if args.exhaustive:
-        found = theorem4.exhaustive_search(args.entries, args.h_entries)
-        print_table([["—" if v is None else v for v in r.values()] for r in found], list(found[0]),
-                    f"exhaustive search: V = 3, D = 2, W's entries in ±{args.entries}, h's in "
-                    f"±{args.h_entries}; matrices: how many break the claim; W, h: the smallest")
-        result["exhaustive"] = found
+        result["exhaustive"] = theorem4.exhaustive_search(args.entries, args.h_entries)
+        print_table(result["exhaustive"], f"exhaustive search: V = 3, D = 2, W's entries in "
+                    f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break the "
+                    "claim; W, h: the smallest")
     if args.b_ratio_scan:
         scan = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan, seed=args.seed))
-        print_table([list(r.values()) for r in scan], list(scan[0]),
-                    f"B_ratio scan (theorem4.b_ratio_scan): {args.b_ratio_scan} random matrices, "
+        print_table(scan, f"B_ratio scan (theorem4.b_ratio_scan): {args.b_ratio_scan} random matrices, "
                     f"seed {args.seed}; larger_share: share of random h with max|l*| > max|l| "
                     "(Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
         result["b_ratio_scan"] = scan
@@ -279,13 +273,12 @@ def run_verify(args) -> dict:
         return result
     (gpt, cfg, step), = models(args)
     H, targets = hidden_states(gpt, cfg, args, args.tokens)
-    W = output_weight64(gpt)
+    W = gpt.output_weight.detach().double()
     W_star = W.clone()
     heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
     result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **verify_identities(H.double(), W, W_star, targets, args.chunk))
-    print_table(verify_table(result), ("statement", "value", "holds"),
-                f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64")
+    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64")
     return result
 
 
@@ -327,7 +320,8 @@ def run_logits(args) -> dict:
     (gpt, cfg, step), = models(args)
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
-    W, weight = output_weight64(gpt), gpt.output_weight.detach()
+    weight = gpt.output_weight.detach()
+    W = weight.double()
     stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu()
                 for h in H.split(args.chunk))
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
@@ -336,16 +330,13 @@ def run_logits(args) -> dict:
                   **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
                   **precision(gpt.head, H, weight, targets, dtype, args.chunk),
                   **theorem4_bounds(W))
-    print_table([(key, result[key], MEANING[key]) for key in MEANING if key in result],
-                ("quantity", "value", "meaning"),
-                f"logits: {describe(args, cfg, step)}; per-token figures averaged over {len(H)} "
+    print_table([dict(quantity=key, value=result[key], meaning=MEANING[key]) for key in MEANING
+                 if key in result], f"logits: {describe(args, cfg, step)}; per-token figures averaged over {len(H)} "
                 f"tokens; --dtype {args.dtype}")
     if args.offsets:
         result["offsets"] = offset_precision(gpt.head, H, weight, targets, dtype, args.offsets,
                                              args.chunk)
-        columns = ("offset", "spacing_over_sigma", *measure.PRECISION_STATS)
-        print_table([[row[c] for c in columns] for row in result["offsets"]], columns,
-                    "every output row shifted by one common vector so that the mean logit is L "
+        print_table(result["offsets"], "every output row shifted by one common vector so that the mean logit is L "
                     f"(exact arithmetic: no change); the head's matmul in {args.dtype}",
                     legend=True)
     if args.plot:
@@ -361,7 +352,7 @@ def run_bottleneck(args) -> dict:
         D, V = gpt.config.n_embd, gpt.config.vocab_size
         n_tokens = args.tokens or DEFAULTS["bottleneck_tokens_per_dim"] * D
         H, targets = hidden_states(gpt, cfg, args, n_tokens)
-        W, H = output_weight64(gpt), H.double()
+        W, H = gpt.output_weight.detach().double(), H.double()
         capped = gpt.head.logits(H, W)
         G = loss_gradients(capped, targets)  # ∂CE/∂(raw logits W h); regularisers left out
         if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
@@ -371,9 +362,8 @@ def run_bottleneck(args) -> dict:
     trivial = trivially_one(n_tokens, V, D)
     note = f"; trivially 1 as N ≤ {'D' if len(trivial) == 3 else '2D'}: {', '.join(trivial)}" \
         if trivial else ""
-    print_table([[r[c] for c in columns] for r in rows], columns,
-                f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
-                f"V = {V}{note}", legend=True)
+    print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
+                f"V = {V}{note}", columns, legend=True)
     if args.plot:
         plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy",
                            "isotropic_energy"), "share of the loss gradient", args.plot)
@@ -386,13 +376,15 @@ def describe(args, cfg: dict, step: int) -> str:
             f"step {step})")
 
 
-def print_table(rows, columns, title: str, legend: bool = False) -> None:
-    """A plain aligned text table under its title; with legend, each column's MEANING below."""
+def print_table(rows: list[dict], title: str, columns=None, legend: bool = False) -> None:
+    """An aligned text table of `columns` (default: the first row's keys) under its title; with
+    legend, each column's MEANING below."""
     def cell(value):
         if isinstance(value, bool):
             return "yes" if value else "no"
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-    cells = [[cell(v) for v in row] for row in rows]
+        return f"{value:.4g}" if isinstance(value, float) else "—" if value is None else str(value)
+    columns = columns or list(rows[0])
+    cells = [[cell(row[c]) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     print(title)
     for line in [list(columns)] + cells:
@@ -409,11 +401,12 @@ def write_file(path: str, content: bytes) -> None:
     store.write_atomic(store.make_folder(target.parent) / target.name, content)
 
 
-def new_axes():
+def new_axes(*grid, **options):
+    """plt.subplots(*grid, **options), 6.4 × 4 inches unless told, for files only."""
     import matplotlib
-    matplotlib.use("Agg")  # files only: no display needed
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    return plt.subplots(*grid, **{"figsize": (6.4, 4.0), "layout": "constrained", **options})
 
 
 def save_figure(fig, path: str) -> None:

@@ -142,9 +142,8 @@ def output_share(from_output: torch.Tensor, from_input: torch.Tensor) -> dict:
 def run_tying(args) -> dict:
     """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share.
 
-    Over the K most frequent training tokens: the tied matrix T, the untied input and output
-    matrices. With model.py's init and equal seeds T starts as the very draw E_out starts from,
-    so where both runs kept a step-0 snapshot the moves since init (T − T₀ …) are compared too."""
+    Over the K most frequent training tokens. With equal seeds the tied matrix starts as the
+    untied output matrix's draw: with step-0 snapshots the moves since init are compared too."""
     (tied, tied_cfg, tied_step), = run_models(args.tied, args.device, all_steps=False)
     (untied, _, untied_step), = run_models(args.untied, args.device, all_steps=False)
     if not tied.config.tie or untied.config.tie:
@@ -169,9 +168,7 @@ def run_tying(args) -> dict:
             geometry[f"Δ{a} vs Δ{b} since init"] = measure(final[a] - start[a], final[b] - start[b])
     note = (f"; K ≤ D = {tied.config.n_embd}: a linear map fits any K points, raise --top_k"
             if len(ids) <= tied.config.n_embd else "")
-    print_table([[name, *g.values()] for name, g in geometry.items()],
-                ("matrices", *next(iter(geometry.values()))),
-                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, K = "
+    print_table([dict(matrices=name, **g) for name, g in geometry.items()], f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, K = "
                 f"{len(ids)} most frequent tokens; tied step {tied_step}, untied {untied_step}"
                 + note)
     shares = []
@@ -181,8 +178,7 @@ def run_tying(args) -> dict:
                                     args.seq_len or int(cfg["seq_len"])).next_batch()
             split = tied_gradient_split(gpt, x.to(args.device), y.to(args.device))
             shares.append(dict(run=name, step=step, **output_share(*split)))
-    print_table([list(s.values()) for s in shares], list(shares[0]),
-                "share of the embedding gradient from the LM head (first training batch)")
+    print_table(shares, "share of the embedding gradient from the LM head (first training batch)")
     if args.plot:
         plot_curves([s for s in shares if s["run"] == "tied"], ("share_norm", "share_energy"),
                     "output side's share of the tied gradient", args.plot)
@@ -193,9 +189,7 @@ def run_signatures(args) -> dict:
     """Alignment of the embeddings' similarity structure with each probability signature.
 
     Per checkpoint and signature S, the similarity_alignment of the centred input (or output)
-    embeddings of the K most frequent training tokens with the rows of S. An input embedding is
-    trained through what follows it (+1); an output embedding eᵧ is pulled towards the hidden
-    states of the contexts before y (−1); the higher orders (−2, −3, …) catch up later."""
+    embeddings of the K most frequent training tokens with the rows of S."""
     snapshots = run_models(args.run, args.device, all_steps=True)
     first = next(snapshots)
     tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
@@ -213,8 +207,7 @@ def run_signatures(args) -> dict:
             for offset, S in signatures.items():
                 row[f"{side}{offset:+d}"] = similarity_alignment(E, S)
         rows.append(row)
-    print_table([list(r.values()) for r in rows], list(rows[0]),
-                f"signatures: Pearson r of pairwise cosines, embeddings (in/out) vs signature at "
+    print_table(rows, f"signatures: Pearson r of pairwise cosines, embeddings (in/out) vs signature at "
                 f"offset (+1 next token, −k k back); {len(ids)} most frequent of {len(tokens)} "
                 "training tokens")
     if args.plot:
@@ -244,10 +237,8 @@ def run_trivial(args) -> dict:
     """The gradient-bottleneck paper's trivial pattern: `repeat` sequences (one token repeated
     seq_len times) learned at a fixed width over growing vocabularies V.
 
-    The best this model can reach is `repeat_floor` (chance: ln V). A token occurs in about
-    steps·batch/V training sequences, so --seqs_per_token S trains each V for
-    max(--steps, ⌈S·V/batch⌉) steps, lest a large vocabulary also be a rarely seen one. Each V
-    gets fresh data and its own run, both skipped when already there: a sweep resumes."""
+    A token occurs in about steps·batch/V training sequences, so --seqs_per_token S trains each
+    V for max(--steps, ⌈S·V/batch⌉) steps. Data and runs already there are kept: it resumes."""
     out, batch, T = Path(args.out), args.batch_size, args.seq_len
     eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
@@ -278,8 +269,7 @@ def run_trivial(args) -> dict:
         rows.append(dict(vocab=V, steps=steps, seqs_per_token=steps * batch / V,
                          val_loss=summary["val_loss"], floor=repeat_floor(V, T), chance=math.log(V),
                          diverged=summary["diverged"]))
-    print_table([list(r.values()) for r in rows], list(rows[0]),
-                f"trivial: repeat task, size {args.size} (D = {model.SIZES[args.size]['n_embd']}), "
+    print_table(rows, f"trivial: repeat task, size {args.size} (D = {model.SIZES[args.size]['n_embd']}), "
                 f"head {args.head}, tie {args.tie}, batches of {batch} sequences of {T}; "
                 "floor = the best this model can reach (repeat_floor), chance = ln V")
     if args.plot:
