@@ -28,10 +28,9 @@ import store
 import theorem4
 from store import positive_int
 
-DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify and logits
+DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify, logits and rarity
                 bottleneck_tokens_per_dim=4,  # bottleneck's N = 4·D > 2D: no figure trivially 1
-                batch_size=4, seq_len=None, init_seq_len=256, seed=0, device="cpu",
-                head="baseline", vocab_size=50304, dtype="float32", bins=100,
+                init_seq_len=256,
                 chunk=128)  # token rows per float64 block of logits (memory chunk·V·8 bytes)
 OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
@@ -58,8 +57,8 @@ MEANING = dict(
     offset="the mean logit L that one common shift of all rows moves the logits to",
     spacing_over_sigma="gap between neighbouring bf16 numbers at L, over σ_l",
     retained_norm="‖Pg‖/‖g‖: share of a token's gradient norm that reaches h",
-    suppressed_norm="1 − retained_norm",
-    retained_energy="‖Pg‖²/‖g‖²", isotropic_energy="r/V: retained_energy for a random col(W)",
+    suppressed_norm="1 − retained_norm", retained_energy="‖Pg‖²/‖g‖²",
+    isotropic_energy="r/V: retained_energy for a random col(W)",
     pooled_energy="share of ‖G‖² the best update ΔH·Wᵀ (W frozen) can follow",
     rankD_energy="share of ‖G‖² the best rank-D update can follow",
     rank2D_energy="share of ‖G‖² the best rank-2D update (any one step) can follow",
@@ -187,12 +186,12 @@ def run_models(run_dir: str, device: str, all_steps: bool):
     if not paths:
         raise FileNotFoundError(f"{run} holds no checkpoint (ckpt.pt or ckpt_step*.pt); train "
                                 "it first, or pass --init SIZE.")
-    *snapshots, latest = paths
+    *snapshots, last = paths
     last_step = -1
     for path in snapshots if all_steps else []:
         gpt, cfg, last_step = load_checkpoint(path, device)
         yield gpt, cfg, last_step
-    gpt, cfg, step = load_checkpoint(latest, device)
+    gpt, cfg, step = load_checkpoint(last, device)
     if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
         yield gpt, cfg, step
 
@@ -208,8 +207,7 @@ def models(args, all_steps: bool = False):
 
 
 @torch.no_grad()
-def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int,
-                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.float32):
     """(H, targets): the final hidden states (N×D, float32) of N = n_tokens validation tokens of
     the run's data or --data (random tokens without), the model under autocast to `dtype`."""
     seq_len, data_dir = args.seq_len or int(cfg["seq_len"]), args.data or cfg.get("data")
@@ -264,11 +262,11 @@ def run_verify(args) -> dict:
                     f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break the "
                     "claim; W, h: the smallest")
     if args.b_ratio_scan:
-        scan = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan, seed=args.seed))
-        print_table(scan, f"B_ratio scan (theorem4.b_ratio_scan): {args.b_ratio_scan} random matrices, "
-                    f"seed {args.seed}; larger_share: share of random h with max|l*| > max|l| "
-                    "(Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
-        result["b_ratio_scan"] = scan
+        result["b_ratio_scan"] = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan,
+                                                                        seed=args.seed))
+        print_table(result["b_ratio_scan"], f"B_ratio scan (theorem4.b_ratio_scan): "
+                    f"{args.b_ratio_scan} random matrices, seed {args.seed}; larger_share: share "
+                    "of random h with max|l*| > max|l| (Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
     if not (args.run or args.init):
         return result
     (gpt, cfg, step), = models(args)
@@ -278,7 +276,8 @@ def run_verify(args) -> dict:
     heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
     result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **verify_identities(H.double(), W, W_star, targets, args.chunk))
-    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64")
+    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens, "
+                "float64")
     return result
 
 
@@ -331,14 +330,14 @@ def run_logits(args) -> dict:
                   **precision(gpt.head, H, weight, targets, dtype, args.chunk),
                   **theorem4_bounds(W))
     print_table([dict(quantity=key, value=result[key], meaning=MEANING[key]) for key in MEANING
-                 if key in result], f"logits: {describe(args, cfg, step)}; per-token figures averaged over {len(H)} "
-                f"tokens; --dtype {args.dtype}")
+                 if key in result], f"logits: {describe(args, cfg, step)}; per-token figures "
+                f"averaged over {len(H)} tokens; --dtype {args.dtype}")
     if args.offsets:
         result["offsets"] = offset_precision(gpt.head, H, weight, targets, dtype, args.offsets,
                                              args.chunk)
-        print_table(result["offsets"], "every output row shifted by one common vector so that the mean logit is L "
-                    f"(exact arithmetic: no change); the head's matmul in {args.dtype}",
-                    legend=True)
+        print_table(result["offsets"], "every output row shifted by one common vector so that "
+                    f"the mean logit is L (exact arithmetic: no change); the head's matmul in "
+                    f"{args.dtype}", legend=True)
     if args.plot:
         plot_dot_histogram((W @ W.mean(0)).cpu().numpy(), result, args.bins, args.plot)
     return result
@@ -358,12 +357,11 @@ def run_bottleneck(args) -> dict:
         if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
             G *= 1 - (capped / gpt.head.cap) ** 2
         rows.append(dict(step=step, **bottleneck(G, W, H)))
-    columns = ["step", *(key for key in MEANING if key in rows[0])]
     trivial = trivially_one(n_tokens, V, D)
-    note = f"; trivially 1 as N ≤ {'D' if len(trivial) == 3 else '2D'}: {', '.join(trivial)}" \
-        if trivial else ""
+    note = f"; trivially 1 as N ≤ {'2D' if len(trivial) < 3 else 'D'}: {', '.join(trivial)}"
     print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
-                f"V = {V}{note}", columns, legend=True)
+                f"V = {V}{note if trivial else ''}",
+                ["step", *(key for key in MEANING if key in rows[0])], legend=True)
     if args.plot:
         plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy",
                            "isotropic_energy"), "share of the loss gradient", args.plot)
@@ -371,9 +369,8 @@ def run_bottleneck(args) -> dict:
 
 
 def describe(args, cfg: dict, step: int) -> str:
-    source = args.run if args.run else f"fresh {args.init}"
-    return (f"{source} (size {cfg['size']}, head {cfg['head']}, tie {bool(cfg.get('tie'))}, "
-            f"step {step})")
+    return (f"{args.run or f'fresh {args.init}'} (size {cfg['size']}, head {cfg['head']}, "
+            f"tie {bool(cfg.get('tie'))}, step {step})")
 
 
 def print_table(rows: list[dict], title: str, columns=None, legend: bool = False) -> None:
@@ -482,18 +479,18 @@ def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     measurement (those and --data --tokens --batch_size --seq_len --chunk)."""
     output = argparse.ArgumentParser(add_help=False)
     add = output.add_argument
-    add("--device", type=device, default=DEFAULTS["device"], help="cpu, cuda, cuda:1, ...")
+    add("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
     add("--json", help="write the numbers to this JSON file")
     add("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    add("--seed", type=seed, default=DEFAULTS["seed"])
+    add("--seed", type=seed, default=0)
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")
     add("--tokens", type=positive_int, help=f"hidden states (validation tokens) per measurement, "
                                             f"N (default {DEFAULTS['tokens']}; bottleneck: 4·D)")
-    add("--batch_size", type=positive_int, default=DEFAULTS["batch_size"])
-    add("--seq_len", type=positive_int, default=DEFAULTS["seq_len"],
-        help="tokens per sequence (default: the run's, 256 for --init)")
+    add("--batch_size", type=positive_int, default=4)
+    add("--seq_len", type=positive_int, help="tokens per sequence (default: the run's, "
+                                             f"{DEFAULTS['init_seq_len']} for --init)")
     add("--chunk", type=positive_int, default=DEFAULTS["chunk"],
         help="token rows per float64 block of logits (chunk·V·8 bytes)")
     return output, measurement
@@ -505,9 +502,9 @@ def model_source(required: bool) -> argparse.ArgumentParser:
     which.add_argument("--run", help="a train.py run folder (config.json, ckpt.pt, ckpt_step*.pt)")
     which.add_argument("--init", choices=list(model.SIZES), help="a fresh model of this size")
     add = source.add_argument
-    add("--head", choices=heads.HEADS, default=DEFAULTS["head"], help="with --init")
+    add("--head", choices=heads.HEADS, default="baseline", help="with --init")
     add("--tie", action="store_true", help="with --init: tied embeddings")
-    add("--vocab_size", type=positive_int, default=DEFAULTS["vocab_size"], help="with --init")
+    add("--vocab_size", type=positive_int, default=50304, help="with --init")
     return source
 
 
@@ -517,11 +514,9 @@ COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    _, measurement = shared_options()
     sub = p.add_subparsers(dest="command", required=True)
-    command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0],
-                                    parents=[measurement, model_source(name != "verify")])
-               for name, run in COMMANDS.items()}
+    command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0], parents=[
+        shared_options()[1], model_source(name != "verify")]) for name, run in COMMANDS.items()}
     add = command["verify"].add_argument
     add("--exhaustive", action="store_true", help="search small integer W for counterexamples")
     add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES,
@@ -532,8 +527,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         const=theorem4.SCAN_MATRICES, help="how often a random h breaks Theorem 4, per B_ratio "
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
     add = command["logits"].add_argument
-    add("--bins", type=positive_int, default=DEFAULTS["bins"], help="histogram bins of eᵢ·μ")
-    add("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"],
+    add("--bins", type=positive_int, default=100, help="histogram bins of eᵢ·μ")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32",
         help="the model's matmul dtype, as train.py --dtype")
     add("--offsets", type=offset, nargs="+", metavar="L", help="also what --dtype loses with all "
         "rows shifted by one vector to a mean logit L (e.g. 0 100 1000)")
