@@ -511,7 +511,7 @@ def model_source(required: bool) -> argparse.ArgumentParser:
 COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -537,7 +537,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
     if args.command != "bottleneck" and args.tokens is None:
         args.tokens = DEFAULTS["tokens"]
-    return args
+    return execute(args, COMMANDS, "analyze.py")
 
 
 def execute(args, commands: dict, program: str) -> dict:
@@ -553,10 +553,6 @@ def execute(args, commands: dict, program: str) -> dict:
     except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result
-
-
-def main(argv=None) -> dict:
-    return execute(parse_args(argv), COMMANDS, "analyze.py")
 
 
 if __name__ == "__main__":

@@ -123,17 +123,13 @@ def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> 
     analyze.save_figure(fig, path)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, parents=[
                                 analyze.shared_options()[1], analyze.model_source(required=True)],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     args = p.parse_args(argv)
     args.command, args.tokens = "rarity", args.tokens or analyze.DEFAULTS["tokens"]
-    return args
-
-
-def main(argv=None) -> dict:
-    return analyze.execute(parse_args(argv), dict(rarity=run_rarity), "rarity.py")
+    return analyze.execute(args, dict(rarity=run_rarity), "rarity.py")
 
 
 if __name__ == "__main__":

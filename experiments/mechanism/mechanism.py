@@ -1,13 +1,12 @@
-"""The divergence mechanism in training: every output row moved by one common vector c, then
-training continued under five numerics, from an untied bf16 baseline this command trains itself.
-What it found: experiments/mechanism/README.md.
+"""The divergence mechanism in training (experiments/mechanism/README.md): every output row of an
+untied bf16 baseline, trained here, moved by one common vector c, then training continued under
+five numerics.
 
-In exact arithmetic a common shift of the rows changes no prediction and no AdamW step
-(∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0), so a gap between a shifted run and its unshifted twin is finite
-precision alone, but for μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks
-both in float64). Shifts of the base model's validation hidden states h: none; along L (c ∥ h̄,
-the mean logit becomes L: analyze.mean_logit_shift); ortho (‖c‖ as along 1000, along the least
-eigenvector of the mean hhᵀ: l̄ stays, only the rows grow).
+In exact arithmetic a common shift of the rows changes no prediction and no AdamW step (∂L/∂h
+gains c·Σᵢ(pᵢ − yᵢ) = 0), so a gap to the unshifted twin is finite precision alone, but for
+μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks both in float64). Shifts:
+none; along L (c ∥ h̄, the mean logit becomes L); ortho (‖c‖ as along 1000, along the least
+eigenvector of the mean hhᵀ over validation hidden states h: l̄ stays, only the rows grow).
 """
 import argparse
 import csv
@@ -36,13 +35,16 @@ import train
 from model import from_config, load_checkpoint
 
 
-# train.py's --dtype (the body's autocast), --head and --head_dtype
-Condition = namedtuple("Condition", "dtype head head_dtype", defaults=("auto",))
-CONDITIONS = {"bf16": Condition("bfloat16", "baseline"),
-              "float32": Condition("float32", "baseline"),
-              "bf16_f32_head": Condition("bfloat16", "baseline", "float32"),
-              "bf16_mu_center": Condition("bfloat16", "mu_center"),
-              "bf16_mu_loss": Condition("bfloat16", "mu_loss")}
+# train.py's --dtype (the body's autocast), --head and --head_dtype; the figures' colour and label
+Condition = namedtuple("Condition", "dtype head head_dtype colour label",
+                       defaults=("auto", None, None))
+CONDITIONS = {
+    "bf16": Condition("bfloat16", "baseline", "auto", "tab:red", "bf16"),
+    "float32": Condition("float32", "baseline", "auto", "tab:blue", "float32"),
+    "bf16_f32_head": Condition("bfloat16", "baseline", "float32", "tab:purple",
+                               "bf16, float32 LM head"),
+    "bf16_mu_center": Condition("bfloat16", "mu_center", "auto", "tab:green", "bf16, μ-centering"),
+    "bf16_mu_loss": Condition("bfloat16", "mu_loss", "auto", "tab:orange", "bf16, μ-loss")}
 LEVELS = (0, 100, 300, 1000, 3000)  # the mean logits L of the `along` shifts
 ORTHO_LEVEL = 1000                  # the `ortho` shift has the length of along L = 1000
 # The base run (train.py's options): experiments/proxy/run.sh's setting at η = 0.3
@@ -56,7 +58,7 @@ def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:  # (B·T, D
 
 
 def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=ORTHO_LEVEL):
-    """{name: c (D,) float64}: none, along{L} for each L, ortho (module docstring)."""
+    """{name: c (D,) float64}: none, along{L} for each L, ortho (the module's docstring)."""
     shifts = {"none": torch.zeros(H.shape[1], dtype=torch.float64)}
     for level in levels:
         shifts[f"along{level:g}"] = analyze.mean_logit_shift(H, W, level)
@@ -87,8 +89,7 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
 
 @torch.no_grad()
 def measure_point(model, val, amp) -> dict:
-    """l̄ = μ·h̄ (Lemma 1, float64) and ‖μ‖ on the first validation batch; the mean cross-entropy
-    over all of `val`, in the run's own numerics."""
+    """l̄ = μ·h̄ (float64) and ‖μ‖ on the first validation batch, and the loss over all of val."""
     mu = heads.mean_embedding(model.output_weight.detach()).double()
     logit_mean = (hidden_states(model, val[0][0], amp).mean(0) @ mu).item()
     model.eval()
@@ -100,9 +101,8 @@ def measure_point(model, val, amp) -> dict:
 
 def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
                  measure_every: int) -> dict:
-    """Train on `batches` at the constant lr from optimizer_state (AdamW's moments, or None) in
-    `dtype` (or "float64" for a model in float64): the loss per step, measure_point's figures
-    every measure_every steps."""
+    """Train on `batches` at the constant lr from AdamW's moments (or None) in `dtype` ("float64":
+    a model in float64): the loss per step, measure_point's figures every measure_every steps."""
     amp = amp_for(dtype)
     optimizer = train.make_optimizer(model, argparse.Namespace(lr=lr))
     if optimizer_state is not None:
@@ -212,8 +212,7 @@ def run_rows(cells: list[dict]) -> list[dict]:
 
 def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
     """Per condition and shift: the validation loss minus the same condition's unshifted run's on
-    the same data order, right after the shift (start) and after the continued training (end),
-    as mean, sample std and range over the seeds; drift_mean: logit_mean_drift's mean."""
+    the same data order, at the start and the end, over the seeds (mean, sample std, range)."""
     table = []
     for condition in dict.fromkeys(r["condition"] for r in rows):
         reference = {r["seed"]: r for r in rows
@@ -262,15 +261,14 @@ def write_results(args):
 
 
 def gap_table(gaps: list[dict], args) -> str:
-    """table.md: per numerics and shift, the gap right after the shift, the gap after the
-    continued steps, and how far l̄ wandered (gap_rows)."""
-    conditions = [c for c in STYLE if any(g["condition"] == c for g in gaps)]
+    """table.md: per numerics and shift, the gaps at the start and the end, and l̄'s drift."""
+    conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
     shifts = list(dict.fromkeys(g["shift"] for g in gaps))
     cell = {(g["condition"], g["shift"]): g for g in gaps}
 
     def table(caption: str, number) -> list[str]:
         return [caption, "", pages.markdown_table([["numerics", *map(shift_label, shifts)], *(
-            [STYLE[c][1], *(number(cell[c, s]) for s in shifts)] for c in conditions)]), ""]
+            [CONDITIONS[c].label, *(number(cell[c, s]) for s in shifts)] for c in conditions)]), ""]
     return "\n".join(
         table("Validation loss right after the shift minus the same numerics' unshifted run "
               "(nats; the forward pass alone, the same for every data order):",
@@ -281,12 +279,6 @@ def gap_table(gaps: list[dict], args) -> str:
         + table("How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
                 "over the logged steps, mean over the data orders:",
                 lambda g: f"{g['drift_mean']:.0f}"))
-
-
-STYLE = {"bf16": ("tab:red", "bf16"), "float32": ("tab:blue", "float32"),  # colour, label
-         "bf16_f32_head": ("tab:purple", "bf16, float32 LM head"),
-         "bf16_mu_center": ("tab:green", "bf16, μ-centering"),
-         "bf16_mu_loss": ("tab:orange", "bf16, μ-loss")}
 
 
 def shift_label(shift: str) -> str:
@@ -315,7 +307,7 @@ def report(out: Path, args):
 def plot_gaps(gaps: list[dict], title: str, path: Path):
     """The gap after the continued steps per shift, the conditions dodged side by side."""
     shifts = [s for s in dict.fromkeys(g["shift"] for g in gaps) if s != "none"]
-    conditions = [c for c in STYLE if any(g["condition"] == c for g in gaps)]
+    conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
     fig = Figure(figsize=(9, 4.6), layout="constrained")  # no pyplot: nothing to display or close
     ax = fig.subplots()
     for i, condition in enumerate(conditions):
@@ -323,7 +315,8 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
                 for s in shifts]
         ax.errorbar([k + (i - (len(conditions) - 1) / 2) * 0.14 for k in range(len(shifts))],
                     [g["gap_end_mean"] for g in cell], yerr=[g["gap_end_std"] for g in cell],
-                    fmt="o", capsize=2, color=STYLE[condition][0], label=STYLE[condition][1])
+                    fmt="o", capsize=2, color=CONDITIONS[condition].colour,
+                    label=CONDITIONS[condition].label)
     ax.set_xticks(range(len(shifts)), [shift_label(s).replace(", ", "\n") for s in shifts])
     ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
     ax.set_yticks(ticks := (-0.1, 0, 0.1, 1, 10, 100, 1000), [f"{t:g}" for t in ticks])
@@ -343,12 +336,12 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
     fig = Figure(figsize=(3.3 * len(panels), 3.9), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, shift in zip(axes[0], panels):
-        for condition, (color, label) in STYLE.items():
+        for condition, (*_, colour, label) in CONDITIONS.items():
             points = [(c["step"], c["logit_mean"]) for c in curves
                       if (c["condition"], c["shift"]) == (condition, shift)]
             steps = sorted({step for step, _ in points})
             ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
-                    marker=".", color=color, label=label)
+                    marker=".", color=colour, label=label)
         ax.set_title(shift_label(shift), fontsize=9)
         if max(abs(c["logit_mean"]) for c in curves if c["shift"] == shift) > 1e4:
             ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
@@ -356,7 +349,7 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
         ax.grid(alpha=0.3)
     fig.suptitle(f"{title}\nmean logit, mean over the data orders", fontsize=9)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center",
-               ncol=len(STYLE), fontsize=8)
+               ncol=len(CONDITIONS), fontsize=8)
     fig.savefig(path, dpi=110)
 
 
