@@ -30,12 +30,11 @@ from store import positive_int
 
 DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify, logits and rarity
                 bottleneck_tokens_per_dim=4,  # bottleneck's N = 4·D > 2D: no figure trivially 1
-                init_seq_len=256,
-                chunk=128)  # token rows per float64 block of logits (memory chunk·V·8 bytes)
+                init_seq_len=256, chunk=128)  # chunk: token rows per float64 block of logits
 OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
-# Every printed key in words (the JSON keeps the keys). *_dev ≥ 0: the deviation from an identity.
-MEANING = dict(
+# verify's statements, keyed as in verify_identities; *_dev ≥ 0: the deviation from an identity
+STATEMENTS = dict(
     centering_dev="Eq. 11 centering: W* = W − μ", lemma1_dev="Lemma 1: mean(l) = μ·h",
     lemma2_ratio="Lemma 2: max|l| / (max‖e‖·‖h‖) ≤ 1", prop3_mean="Prop. 3 (i): mean(l*) = 0",
     prop3_std_dev="Prop. 3 (ii): std(l*) = std(l)", prop3_loss_dev="Prop. 3 (iii): CE(l*) = CE(l)",
@@ -43,7 +42,9 @@ MEANING = dict(
     eq26_dev="Eq. 26: B_ratio = max|e*·μ| / max|e·μ|", B_ratio_le_1="Thm. 4 condition: B_ratio ≤ 1",
     eq32_dev="Eq. 32: max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", eq34_holds="Eq. 34: max‖e*‖ / max‖e‖ ≤ 1",
     eq35_token_share="Eq. 35 per token: share max|l*| ≤ max|l|",
-    eq35_global_holds="Eq. 35 over all tokens: max|l*| / max|l|",
+    eq35_global_holds="Eq. 35 over all tokens: max|l*| / max|l|")
+# Every other printed key in words (the JSON keeps the keys)
+MEANING = dict(
     logit_mean="mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)", logit_std="spread σ_l of the logits",
     logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
     mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
@@ -73,15 +74,14 @@ def theorem4_bounds(W: torch.Tensor) -> dict:
                 B_ratio=measure.b_ratio(W))
 
 
-def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, targets: torch.Tensor,
-                      chunk: int = DEFAULTS["chunk"]) -> dict:
-    """MEANING's statements on hidden states H (N×D), output embedding W (V×D) and W_star (W
-    after the project's μ-centering): l = H Wᵀ, l* = H W*ᵀ, each deviation maximised over
-    tokens (theorem4.py says why each step of Theorem 4's proof holds or fails)."""
+def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> dict:
+    """STATEMENTS on hidden states H (N×D), output embedding W (V×D) and W_star (W after the
+    project's μ-centering): l = H Wᵀ, l* = H W*ᵀ, each deviation maximised over tokens
+    (theorem4.py says why each step of Theorem 4's proof holds or fails)."""
     mu = W.mean(0)
     max_norm, max_norm_star = W.norm(dim=1).max(), W_star.norm(dim=1).max()
     out = dict(centering_dev=(W_star - (W - mu)).abs().max().item())
-    absmax, absmax_star = [], []
+    absmax = []  # per chunk: max|l|, max|l*| of each token
     for h, y in zip(H.split(chunk), targets.split(chunk)):
         l, l_star = h @ W.T, h @ W_star.T
         ce, ce_star = (F.cross_entropy(logits, y, reduction="none") for logits in (l, l_star))
@@ -92,17 +92,15 @@ def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, ta
                                 prop3_prob_dev=(l_star.softmax(1) - l.softmax(1)).abs().max(),
                                 prop3_loss_dev=(ce_star - ce).abs().max()).items():
             out[name] = max(out.get(name, 0.0), value.item())
-        absmax.append(l.abs().amax(1))
-        absmax_star.append(l_star.abs().amax(1))
-    absmax, absmax_star = torch.cat(absmax), torch.cat(absmax_star)
+        absmax.append((l.abs().amax(1), l_star.abs().amax(1)))
+    absmax, absmax_star = map(torch.cat, zip(*absmax))
     parallel_sq = (W_star @ (mu / mu.norm())) ** 2             # ‖e*ᵢ∥‖²
     perpendicular_sq = (W_star ** 2).sum(1) - parallel_sq      # ‖e*ᵢ⊥‖² (= ‖eᵢ⊥‖²)
     bounds = theorem4_bounds(W)
     eq26 = (W_star @ mu).abs().max() / (W @ mu).abs().max()
     return dict(out, **bounds, B_ratio_le_1=bounds["B_ratio"] <= 1,
-                eq26_dev=abs(bounds["B_ratio"] - eq26.item()),
-                max_norm=max_norm.item(), max_norm_star=max_norm_star.item(),
-                eq34_holds=bool(max_norm_star <= max_norm),
+                eq26_dev=abs(bounds["B_ratio"] - eq26.item()), max_norm=max_norm.item(),
+                max_norm_star=max_norm_star.item(), eq34_holds=bool(max_norm_star <= max_norm),
                 eq32_dev=abs(max_norm_star.item() ** 2
                              - (parallel_sq.max() + perpendicular_sq.max()).item()),
                 eq35_token_share=(absmax_star <= absmax).double().mean().item(),
@@ -118,17 +116,16 @@ def loss_gradients(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def trivially_one(n_tokens: int, vocab: int, dim: int) -> list[str]:
-    """The batch figures that are 1 whatever the model: rank G ≤ min(N, V), and the best rank-k
-    approximation of a matrix of rank ≤ k is itself."""
+    """The batch figures that are 1 whatever the model: rank G ≤ min(N, V) ≤ k."""
     return [name for name, k in (("rankD_energy", dim), ("rank2D_energy", 2 * dim),
                                  ("rank2D_cosine", 2 * dim)) if min(n_tokens, vocab) <= k]
 
 
 def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) -> dict:
-    """How much of the loss gradient G (N×V) an LM head l = W h lets through (MEANING says
-    each figure). Through h the logits move by W Δh ∈ col(W); the signal Wᵀg sent below sees g
-    only through P g, its projection onto col(W) = span Q (V×r), ‖Pg‖ = ‖Qᵀg‖. One step moves
-    Z = H Wᵀ by ΔH Wᵀ + H ΔWᵀ, of rank ≤ 2D; by Eckart–Young the best rank-k matrix follows
+    """How much of the loss gradient G (N×V) an LM head l = W h lets through (MEANING: each).
+    Through h the logits move by W Δh ∈ col(W); the signal Wᵀg sent below sees g only through
+    P g, its projection onto col(W) = span Q (V×r), ‖Pg‖ = ‖Qᵀg‖. One step moves Z = H Wᵀ by
+    ΔH Wᵀ + H ΔWᵀ, of rank ≤ 2D; by Eckart–Young the best rank-k matrix follows
     Σ_{i≤k} σᵢ²/Σᵢ σᵢ² of ‖G‖² (σᵢ: G's singular values). With H, the plain step on free H and W
     is ΔZ ∝ −(G W Wᵀ + H Hᵀ G) =: −M; ⟨M, G⟩ = ‖GW‖² + ‖HᵀG‖² and ‖M‖² = tr((GW)ᵀ(GW)·WᵀW) +
     tr((HᵀG)(HᵀG)ᵀ·HᵀH) + 2‖HᵀGW‖² give sgd_cosine without forming M."""
@@ -141,11 +138,11 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     sigma_sq = torch.linalg.eigvalsh(G @ G.T).flip(0).clamp_min(0)  # σᵢ² of G, descending
     total = sigma_sq.sum()
     rank2D = (sigma_sq[:2 * D].sum() / total).item()
-    out = dict(tokens=N, vocab=V, rank=r, retained_norm=energy.sqrt().mean().item(),
-               retained_energy=energy.mean().item(),
-               suppressed_norm=1 - energy.sqrt().mean().item(),
-               suppressed_energy=1 - energy.mean().item(),
-               isotropic_energy=r / V, isotropic_norm=math.sqrt(r / V),
+    retained_norm, retained_energy = energy.sqrt().mean().item(), energy.mean().item()
+    out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
+               retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
+               suppressed_energy=1 - retained_energy, isotropic_energy=r / V,
+               isotropic_norm=math.sqrt(r / V),
                pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
                rankD_energy=(sigma_sq[:D].sum() / total).item(),
                rank2D_energy=rank2D, rank2D_cosine=math.sqrt(rank2D))
@@ -173,8 +170,8 @@ def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
 
 
 def run_models(run_dir: str, device: str, all_steps: bool):
-    """Yield (model, config, step) of a run's latest checkpoint or, with all_steps, of each
-    snapshot ckpt_step*.pt and then ckpt.pt, in training order, loading one at a time."""
+    """Yield (model, config, step) of a run's ckpt.pt or, with all_steps, of its ckpt_step*.pt
+    snapshots and then ckpt.pt, in training order, loading one at a time."""
     run = Path(run_dir)
     latest = run / "ckpt.pt"
     if not (run / "config.json").is_file():
@@ -234,18 +231,16 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
 
 
 def verify_table(r: dict) -> list[dict]:
-    """Rows of statement, value, holds; an identity holds at float64 round-off of the logits."""
+    """Rows of statement, value, holds; an identity (*_dev, prop3_mean) holds at float64
+    round-off of the logits."""
+    value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
+                 eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
+    holds = {key: r[key] for key in ("B_ratio_le_1", "eq34_holds", "eq35_global_holds")}
+    holds.update(lemma2_ratio=r["lemma2_ratio"] <= 1 + 1e-12,
+                 eq35_token_share=r["eq35_token_share"] == 1)
     tol = 1e-12 * max(1.0, r["max_abs_logit"])
-    rows = {key: (r[key], r[key] <= tol) for key in ("centering_dev", "lemma1_dev", "prop3_mean",
-            "prop3_std_dev", "prop3_prob_dev", "prop3_loss_dev", "eq26_dev", "eq32_dev")}
-    rows.update(lemma2_ratio=(r["lemma2_ratio"], r["lemma2_ratio"] <= 1 + 1e-12),
-                B_ratio_le_1=(r["B_ratio"], r["B_ratio_le_1"]),
-                eq34_holds=(r["max_norm_star"] / r["max_norm"], r["eq34_holds"]),
-                eq35_token_share=(r["eq35_token_share"], r["eq35_token_share"] == 1),
-                eq35_global_holds=(r["max_abs_logit_star"] / r["max_abs_logit"],
-                                   r["eq35_global_holds"]))
-    return [dict(statement=statement, value=rows[key][0], holds=rows[key][1])
-            for key, statement in MEANING.items() if key in rows]
+    return [dict(statement=statement, value=value[key], holds=holds.get(key, value[key] <= tol))
+            for key, statement in STATEMENTS.items()]
 
 
 def run_verify(args) -> dict:
@@ -304,8 +299,7 @@ def precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, dty
 
 def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[dict]:
     """The finite-precision channel alone: all rows shifted by one vector c (mean_logit_shift)
-    to a mean logit L. Exactly, nothing changes (every logit of a token moves by c·h: softmax
-    cannot see it, as with the baseline's drifting μ); in `dtype` the rounding does."""
+    to a mean logit L: exactly, nothing changes (softmax cannot see c·h); in `dtype`, rounding."""
     sigma = torch.cat([(h.double() @ W.double().T).std(dim=1, correction=0)
                        for h in H.split(chunk)]).mean().item()
     return [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma,
@@ -374,8 +368,7 @@ def describe(args, cfg: dict, step: int) -> str:
 
 
 def print_table(rows: list[dict], title: str, columns=None, legend: bool = False) -> None:
-    """An aligned text table of `columns` (default: the first row's keys) under its title; with
-    legend, each column's MEANING below."""
+    """An aligned table of `columns` (default: the first row's keys); legend: their MEANING."""
     def cell(value):
         if isinstance(value, bool):
             return "yes" if value else "no"
@@ -475,8 +468,7 @@ def device(text: str) -> str:
 
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """Parent parsers, shared with the experiments: output (--device --json --plot --seed) and
-    measurement (those and --data --tokens --batch_size --seq_len --chunk)."""
+    """Parent parsers shared with the experiments: output, and measurement (output's and more)."""
     output = argparse.ArgumentParser(add_help=False)
     add = output.add_argument
     add("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")

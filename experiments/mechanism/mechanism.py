@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
 sys.path.insert(0, str(ROOT))
@@ -295,21 +294,20 @@ def report(out: Path, args):
         raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
     gaps, curves = pages.read_csv(out / "gaps.csv"), pages.read_csv(out / "curves.csv")
     (out / "table.md").write_text(gap_table(gaps, args))
+    print(f"wrote {out / 'table.md'}")
     base = json.loads((out / "base.json").read_text())
     title = (f"untied {BASE['size']} baseline after {base['steps']:,} bf16 steps at "
              f"η = {BASE['lr']:g}, its rows shifted by c, then {max(c['step'] for c in curves):.0f}"
              f" steps at η = {args.lr:g}; {max(g['seeds'] for g in gaps):.0f} data orders")
     plot_gaps(gaps, title, out / "gap_vs_L.png")
     plot_logit_mean(curves, title, out / "logit_mean_steps.png")
-    print(f"mechanism: wrote {out}/table.md, gap_vs_L.png and logit_mean_steps.png")
 
 
 def plot_gaps(gaps: list[dict], title: str, path: Path):
     """The gap after the continued steps per shift, the conditions dodged side by side."""
     shifts = [s for s in dict.fromkeys(g["shift"] for g in gaps) if s != "none"]
     conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
-    fig = Figure(figsize=(9, 4.6), layout="constrained")  # no pyplot: nothing to display or close
-    ax = fig.subplots()
+    fig, ax = analyze.new_axes(figsize=(9, 4.6))
     for i, condition in enumerate(conditions):
         cell = [next(g for g in gaps if (g["condition"], g["shift"]) == (condition, s))
                 for s in shifts]
@@ -326,15 +324,14 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
            ylabel="val loss − the unshifted run's (nats, symlog)")
     ax.set_title(f"{title}\nloss gap after training on, mean ± std over them", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    fig.savefig(path, dpi=110)
+    analyze.save_figure(fig, path)
 
 
 def plot_logit_mean(curves: list[dict], title: str, path: Path):
     """l̄ over the continued steps, mean over the seeds, one panel per shift that moves it."""
     panels = [s for s in ("along300", "along1000", "along3000", "ortho")
               if any(c["shift"] == s for c in curves)]
-    fig = Figure(figsize=(3.3 * len(panels), 3.9), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)
+    fig, axes = analyze.new_axes(1, len(panels), squeeze=False, figsize=(3.3 * len(panels), 3.9))
     for ax, shift in zip(axes[0], panels):
         for condition, (*_, colour, label) in CONDITIONS.items():
             points = [(c["step"], c["logit_mean"]) for c in curves
@@ -350,7 +347,7 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
     fig.suptitle(f"{title}\nmean logit, mean over the data orders", fontsize=9)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center",
                ncol=len(CONDITIONS), fontsize=8)
-    fig.savefig(path, dpi=110)
+    analyze.save_figure(fig, path)
 
 
 def main(argv=None):
