@@ -1,7 +1,5 @@
-"""Each experiment's page: README.md, its template README.in.md filled by str.format with the
-numbers read here from its committed results, so that the page cannot drift from them
-(tests/test_experiments.py writes every page and compares).
-
+"""Each experiment's README.md: its README.in.md filled by str.format with the numbers read here
+from its committed results, so that the page cannot drift from them (tests/test_experiments.py).
     python experiments/pages.py [NAME ...]     # default: every page; the last step of run.sh
 """
 import csv
@@ -38,8 +36,8 @@ def mechanism(results: Path) -> dict:
     runs, g = read_csv(results / "runs.csv"), {}
     for row in read_csv(results / "gaps.csv"):
         g.setdefault(row["condition"], {})[row["shift"]] = row
-    ends = lambda shift: sorted(r["val_loss_end"] for r in runs
-                                if (r["condition"], r["shift"]) == ("bf16", shift))
+    bf16 = lambda shift: [r for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)]
+    ends = lambda shift: sorted(r["val_loss_end"] for r in bf16(shift))
     base = json.loads((results / "base.json").read_text())
     noise = [row for row in g["float32"].values() if row["shift"] != "none"]
     wall = [r["wall_s"] for r in runs]
@@ -47,8 +45,7 @@ def mechanism(results: Path) -> dict:
               if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
     return dict(g=g, base=base, paper=paper, h_mean_norm=base["h_mu_proj"] / base["h_mu_cos"],
                 bf16_none=ends("none"), bf16_1000=ends("along1000"), bf16_3000=ends("along3000"),
-                l_3000=min(r["logit_mean_end"] for r in runs
-                           if (r["condition"], r["shift"]) == ("bf16", "along3000")),
+                l_3000=span("logit_mean_end", bf16("along3000"))[0],
                 noise_min=span("gap_min", noise)[0], noise_max=span("gap_max", noise)[1],
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
                 table=(results / "table.md").read_text().rstrip("\n"))
