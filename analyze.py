@@ -6,9 +6,8 @@
     python analyze.py logits --run out --dtype bfloat16 # logit statistics, ‖μ‖, B_ratio, Fig. 1
     python analyze.py bottleneck --run out              # the loss gradient the head lets through
 
---run: a train.py folder (ckpt_step*.pt from --keep_every give curves); --init SIZE: a fresh
-model (random tokens unless --data). Measurements are float64; the model runs in float32 (logits:
-in --dtype). Notation as in heads.py: W (V×D), rows eᵢ, mean μ, hidden state h, lᵢ = eᵢ·h.
+Measurements are float64, the model runs in float32 (logits: in --dtype); --init without --data
+scores random tokens. Notation as in heads.py: W (V×D), rows eᵢ, mean μ, hidden state h, lᵢ = eᵢ·h.
 """
 import argparse
 import io
