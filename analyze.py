@@ -6,9 +6,8 @@
     python analyze.py logits --run out --dtype bfloat16 # logit statistics, ‖μ‖, B_ratio, Fig. 1
     python analyze.py bottleneck --run out              # the loss gradient the head lets through
 
---run: a train.py folder (ckpt_step*.pt from --keep_every give curves); --init SIZE: a fresh
-model (random tokens unless --data). Measurements are float64; the model runs in float32 (logits:
-in --dtype). Notation as in heads.py: W (V×D), rows eᵢ, mean μ, hidden state h, lᵢ = eᵢ·h.
+Measurements are float64, the model runs in float32 (logits: in --dtype); --init without --data
+scores random tokens. Notation as in heads.py: W (V×D), rows eᵢ, mean μ, hidden state h, lᵢ = eᵢ·h.
 """
 import argparse
 import io
@@ -28,15 +27,13 @@ import store
 import theorem4
 from store import positive_int
 
-DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify and logits
+DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify, logits and rarity
                 bottleneck_tokens_per_dim=4,  # bottleneck's N = 4·D > 2D: no figure trivially 1
-                batch_size=4, seq_len=None, init_seq_len=256, seed=0, device="cpu",
-                head="baseline", vocab_size=50304, dtype="float32", bins=100,
-                chunk=128)  # token rows per float64 block of logits (memory chunk·V·8 bytes)
+                init_seq_len=256, chunk=128)  # chunk: token rows per float64 block of logits
 OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
-# Every printed key in words (the JSON keeps the keys). *_dev ≥ 0: the deviation from an identity.
-MEANING = dict(
+# verify's statements, keyed as in verify_identities; *_dev ≥ 0: the deviation from an identity
+STATEMENTS = dict(
     centering_dev="Eq. 11 centering: W* = W − μ", lemma1_dev="Lemma 1: mean(l) = μ·h",
     lemma2_ratio="Lemma 2: max|l| / (max‖e‖·‖h‖) ≤ 1", prop3_mean="Prop. 3 (i): mean(l*) = 0",
     prop3_std_dev="Prop. 3 (ii): std(l*) = std(l)", prop3_loss_dev="Prop. 3 (iii): CE(l*) = CE(l)",
@@ -44,7 +41,9 @@ MEANING = dict(
     eq26_dev="Eq. 26: B_ratio = max|e*·μ| / max|e·μ|", B_ratio_le_1="Thm. 4 condition: B_ratio ≤ 1",
     eq32_dev="Eq. 32: max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²", eq34_holds="Eq. 34: max‖e*‖ / max‖e‖ ≤ 1",
     eq35_token_share="Eq. 35 per token: share max|l*| ≤ max|l|",
-    eq35_global_holds="Eq. 35 over all tokens: max|l*| / max|l|",
+    eq35_global_holds="Eq. 35 over all tokens: max|l*| / max|l|")
+# Every other printed key in words (the JSON keeps the keys)
+MEANING = dict(
     logit_mean="mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)", logit_std="spread σ_l of the logits",
     logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
     mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
@@ -58,8 +57,8 @@ MEANING = dict(
     offset="the mean logit L that one common shift of all rows moves the logits to",
     spacing_over_sigma="gap between neighbouring bf16 numbers at L, over σ_l",
     retained_norm="‖Pg‖/‖g‖: share of a token's gradient norm that reaches h",
-    suppressed_norm="1 − retained_norm",
-    retained_energy="‖Pg‖²/‖g‖²", isotropic_energy="r/V: retained_energy for a random col(W)",
+    suppressed_norm="1 − retained_norm", retained_energy="‖Pg‖²/‖g‖²",
+    isotropic_energy="r/V: retained_energy for a random col(W)",
     pooled_energy="share of ‖G‖² the best update ΔH·Wᵀ (W frozen) can follow",
     rankD_energy="share of ‖G‖² the best rank-D update can follow",
     rank2D_energy="share of ‖G‖² the best rank-2D update (any one step) can follow",
@@ -74,15 +73,14 @@ def theorem4_bounds(W: torch.Tensor) -> dict:
                 B_ratio=measure.b_ratio(W))
 
 
-def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, targets: torch.Tensor,
-                      chunk: int = DEFAULTS["chunk"]) -> dict:
-    """MEANING's statements on hidden states H (N×D), output embedding W (V×D) and W_star (W
-    after the project's μ-centering): l = H Wᵀ, l* = H W*ᵀ, each deviation maximised over
-    tokens (theorem4.py says why each step of Theorem 4's proof holds or fails)."""
+def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> dict:
+    """STATEMENTS on hidden states H (N×D), output embedding W (V×D) and W_star (W after the
+    project's μ-centering): l = H Wᵀ, l* = H W*ᵀ, each deviation maximised over tokens
+    (theorem4.py says why each step of Theorem 4's proof holds or fails)."""
     mu = W.mean(0)
     max_norm, max_norm_star = W.norm(dim=1).max(), W_star.norm(dim=1).max()
     out = dict(centering_dev=(W_star - (W - mu)).abs().max().item())
-    absmax, absmax_star = [], []
+    absmax = []  # per chunk: max|l|, max|l*| of each token
     for h, y in zip(H.split(chunk), targets.split(chunk)):
         l, l_star = h @ W.T, h @ W_star.T
         ce, ce_star = (F.cross_entropy(logits, y, reduction="none") for logits in (l, l_star))
@@ -93,17 +91,15 @@ def verify_identities(H: torch.Tensor, W: torch.Tensor, W_star: torch.Tensor, ta
                                 prop3_prob_dev=(l_star.softmax(1) - l.softmax(1)).abs().max(),
                                 prop3_loss_dev=(ce_star - ce).abs().max()).items():
             out[name] = max(out.get(name, 0.0), value.item())
-        absmax.append(l.abs().amax(1))
-        absmax_star.append(l_star.abs().amax(1))
-    absmax, absmax_star = torch.cat(absmax), torch.cat(absmax_star)
+        absmax.append((l.abs().amax(1), l_star.abs().amax(1)))
+    absmax, absmax_star = map(torch.cat, zip(*absmax))
     parallel_sq = (W_star @ (mu / mu.norm())) ** 2             # ‖e*ᵢ∥‖²
     perpendicular_sq = (W_star ** 2).sum(1) - parallel_sq      # ‖e*ᵢ⊥‖² (= ‖eᵢ⊥‖²)
     bounds = theorem4_bounds(W)
     eq26 = (W_star @ mu).abs().max() / (W @ mu).abs().max()
     return dict(out, **bounds, B_ratio_le_1=bounds["B_ratio"] <= 1,
-                eq26_dev=abs(bounds["B_ratio"] - eq26.item()),
-                max_norm=max_norm.item(), max_norm_star=max_norm_star.item(),
-                eq34_holds=bool(max_norm_star <= max_norm),
+                eq26_dev=abs(bounds["B_ratio"] - eq26.item()), max_norm=max_norm.item(),
+                max_norm_star=max_norm_star.item(), eq34_holds=bool(max_norm_star <= max_norm),
                 eq32_dev=abs(max_norm_star.item() ** 2
                              - (parallel_sq.max() + perpendicular_sq.max()).item()),
                 eq35_token_share=(absmax_star <= absmax).double().mean().item(),
@@ -119,17 +115,16 @@ def loss_gradients(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def trivially_one(n_tokens: int, vocab: int, dim: int) -> list[str]:
-    """The batch figures that are 1 whatever the model: rank G ≤ min(N, V), and the best rank-k
-    approximation of a matrix of rank ≤ k is itself."""
+    """The batch figures that are 1 whatever the model: rank G ≤ min(N, V) ≤ k."""
     return [name for name, k in (("rankD_energy", dim), ("rank2D_energy", 2 * dim),
                                  ("rank2D_cosine", 2 * dim)) if min(n_tokens, vocab) <= k]
 
 
 def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) -> dict:
-    """How much of the loss gradient G (N×V) an LM head l = W h lets through (MEANING says
-    each figure). Through h the logits move by W Δh ∈ col(W); the signal Wᵀg sent below sees g
-    only through P g, its projection onto col(W) = span Q (V×r), ‖Pg‖ = ‖Qᵀg‖. One step moves
-    Z = H Wᵀ by ΔH Wᵀ + H ΔWᵀ, of rank ≤ 2D; by Eckart–Young the best rank-k matrix follows
+    """How much of the loss gradient G (N×V) an LM head l = W h lets through (MEANING: each).
+    Through h the logits move by W Δh ∈ col(W); the signal Wᵀg sent below sees g only through
+    P g, its projection onto col(W) = span Q (V×r), ‖Pg‖ = ‖Qᵀg‖. One step moves Z = H Wᵀ by
+    ΔH Wᵀ + H ΔWᵀ, of rank ≤ 2D; by Eckart–Young the best rank-k matrix follows
     Σ_{i≤k} σᵢ²/Σᵢ σᵢ² of ‖G‖² (σᵢ: G's singular values). With H, the plain step on free H and W
     is ΔZ ∝ −(G W Wᵀ + H Hᵀ G) =: −M; ⟨M, G⟩ = ‖GW‖² + ‖HᵀG‖² and ‖M‖² = tr((GW)ᵀ(GW)·WᵀW) +
     tr((HᵀG)(HᵀG)ᵀ·HᵀH) + 2‖HᵀGW‖² give sgd_cosine without forming M."""
@@ -142,11 +137,11 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     sigma_sq = torch.linalg.eigvalsh(G @ G.T).flip(0).clamp_min(0)  # σᵢ² of G, descending
     total = sigma_sq.sum()
     rank2D = (sigma_sq[:2 * D].sum() / total).item()
-    out = dict(tokens=N, vocab=V, rank=r, retained_norm=energy.sqrt().mean().item(),
-               retained_energy=energy.mean().item(),
-               suppressed_norm=1 - energy.sqrt().mean().item(),
-               suppressed_energy=1 - energy.mean().item(),
-               isotropic_energy=r / V, isotropic_norm=math.sqrt(r / V),
+    retained_norm, retained_energy = energy.sqrt().mean().item(), energy.mean().item()
+    out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
+               retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
+               suppressed_energy=1 - retained_energy, isotropic_energy=r / V,
+               isotropic_norm=math.sqrt(r / V),
                pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
                rankD_energy=(sigma_sq[:D].sum() / total).item(),
                rank2D_energy=rank2D, rank2D_cosine=math.sqrt(rank2D))
@@ -174,8 +169,8 @@ def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
 
 
 def run_models(run_dir: str, device: str, all_steps: bool):
-    """Yield (model, config, step) of a run's latest checkpoint or, with all_steps, of each
-    snapshot ckpt_step*.pt and then ckpt.pt, in training order, loading one at a time."""
+    """Yield (model, config, step) of a run's ckpt.pt or, with all_steps, of its ckpt_step*.pt
+    snapshots and then ckpt.pt, in training order, loading one at a time."""
     run = Path(run_dir)
     latest = run / "ckpt.pt"
     if not (run / "config.json").is_file():
@@ -187,12 +182,12 @@ def run_models(run_dir: str, device: str, all_steps: bool):
     if not paths:
         raise FileNotFoundError(f"{run} holds no checkpoint (ckpt.pt or ckpt_step*.pt); train "
                                 "it first, or pass --init SIZE.")
-    *snapshots, latest = paths
+    *snapshots, last = paths
     last_step = -1
     for path in snapshots if all_steps else []:
         gpt, cfg, last_step = load_checkpoint(path, device)
         yield gpt, cfg, last_step
-    gpt, cfg, step = load_checkpoint(latest, device)
+    gpt, cfg, step = load_checkpoint(last, device)
     if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
         yield gpt, cfg, step
 
@@ -208,8 +203,7 @@ def models(args, all_steps: bool = False):
 
 
 @torch.no_grad()
-def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int,
-                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.float32):
     """(H, targets): the final hidden states (N×D, float32) of N = n_tokens validation tokens of
     the run's data or --data (random tokens without), the model under autocast to `dtype`."""
     seq_len, data_dir = args.seq_len or int(cfg["seq_len"]), args.data or cfg.get("data")
@@ -235,57 +229,49 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int,
     return torch.cat(H)[:n_tokens], torch.cat(Y)[:n_tokens]
 
 
-def output_weight64(gpt: model.GPT) -> torch.Tensor:
-    return gpt.output_weight.detach().double()
-
-
-def verify_table(r: dict) -> list[tuple]:
-    """(statement, value, holds) rows; an identity holds at float64 round-off of the logits."""
+def verify_table(r: dict) -> list[dict]:
+    """Rows of statement, value, holds; an identity (*_dev, prop3_mean) holds at float64
+    round-off of the logits."""
+    value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
+                 eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
+    holds = {key: r[key] for key in ("B_ratio_le_1", "eq34_holds", "eq35_global_holds")}
+    holds.update(lemma2_ratio=r["lemma2_ratio"] <= 1 + 1e-12,
+                 eq35_token_share=r["eq35_token_share"] == 1)
     tol = 1e-12 * max(1.0, r["max_abs_logit"])
-    rows = {key: (r[key], r[key] <= tol) for key in ("centering_dev", "lemma1_dev", "prop3_mean",
-            "prop3_std_dev", "prop3_prob_dev", "prop3_loss_dev", "eq26_dev", "eq32_dev")}
-    rows.update(lemma2_ratio=(r["lemma2_ratio"], r["lemma2_ratio"] <= 1 + 1e-12),
-                B_ratio_le_1=(r["B_ratio"], r["B_ratio_le_1"]),
-                eq34_holds=(r["max_norm_star"] / r["max_norm"], r["eq34_holds"]),
-                eq35_token_share=(r["eq35_token_share"], r["eq35_token_share"] == 1),
-                eq35_global_holds=(r["max_abs_logit_star"] / r["max_abs_logit"],
-                                   r["eq35_global_holds"]))
-    return [(statement, *rows[key]) for key, statement in MEANING.items() if key in rows]
+    return [dict(statement=statement, value=value[key], holds=holds.get(key, value[key] <= tol))
+            for key, statement in STATEMENTS.items()]
 
 
 def run_verify(args) -> dict:
     """Theorem 4's proof audited step by step (theorem4.py; --exhaustive: its counterexample
     search, --b_ratio_scan: its scan); with --run or --init also Lemma 1, Lemma 2, Prop. 3 and
     the proof's steps on the model's own hidden states."""
-    audit = theorem4.theorem4_audit()
-    print_table([list(r.values()) for r in audit], list(audit[0]),
-                "Theorem 4's proof (App. B) step by step, exact fractions on the smallest "
-                "counterexamples (theorem4.py); holds: the step's claim holds on the example")
-    result = dict(theorem4_audit=audit)
+    result = dict(theorem4_audit=theorem4.theorem4_audit())
+    print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step, exact "
+                "fractions on the smallest counterexamples (theorem4.py); holds: the step's claim "
+                "holds on the example")
     if args.exhaustive:
-        found = theorem4.exhaustive_search(args.entries, args.h_entries)
-        print_table([["—" if v is None else v for v in r.values()] for r in found], list(found[0]),
-                    f"exhaustive search: V = 3, D = 2, W's entries in ±{args.entries}, h's in "
-                    f"±{args.h_entries}; matrices: how many break the claim; W, h: the smallest")
-        result["exhaustive"] = found
+        result["exhaustive"] = theorem4.exhaustive_search(args.entries, args.h_entries)
+        print_table(result["exhaustive"], f"exhaustive search: V = 3, D = 2, W's entries in "
+                    f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break the "
+                    "claim; W, h: the smallest")
     if args.b_ratio_scan:
-        scan = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan, seed=args.seed))
-        print_table([list(r.values()) for r in scan], list(scan[0]),
-                    f"B_ratio scan (theorem4.b_ratio_scan): {args.b_ratio_scan} random matrices, "
-                    f"seed {args.seed}; larger_share: share of random h with max|l*| > max|l| "
-                    "(Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
-        result["b_ratio_scan"] = scan
+        result["b_ratio_scan"] = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan,
+                                                                        seed=args.seed))
+        print_table(result["b_ratio_scan"], f"B_ratio scan (theorem4.b_ratio_scan): "
+                    f"{args.b_ratio_scan} random matrices, seed {args.seed}; larger_share: share "
+                    "of random h with max|l*| > max|l| (Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
     if not (args.run or args.init):
         return result
     (gpt, cfg, step), = models(args)
     H, targets = hidden_states(gpt, cfg, args, args.tokens)
-    W = output_weight64(gpt)
+    W = gpt.output_weight.detach().double()
     W_star = W.clone()
     heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
     result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **verify_identities(H.double(), W, W_star, targets, args.chunk))
-    print_table(verify_table(result), ("statement", "value", "holds"),
-                f"verify: {describe(args, cfg, step)}, {len(H)} tokens, float64")
+    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens, "
+                "float64")
     return result
 
 
@@ -312,8 +298,7 @@ def precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, dty
 
 def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[dict]:
     """The finite-precision channel alone: all rows shifted by one vector c (mean_logit_shift)
-    to a mean logit L. Exactly, nothing changes (every logit of a token moves by c·h: softmax
-    cannot see it, as with the baseline's drifting μ); in `dtype` the rounding does."""
+    to a mean logit L: exactly, nothing changes (softmax cannot see c·h); in `dtype`, rounding."""
     sigma = torch.cat([(h.double() @ W.double().T).std(dim=1, correction=0)
                        for h in H.split(chunk)]).mean().item()
     return [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma,
@@ -327,7 +312,8 @@ def run_logits(args) -> dict:
     (gpt, cfg, step), = models(args)
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
-    W, weight = output_weight64(gpt), gpt.output_weight.detach()
+    weight = gpt.output_weight.detach()
+    W = weight.double()
     stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu()
                 for h in H.split(args.chunk))
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
@@ -336,18 +322,15 @@ def run_logits(args) -> dict:
                   **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
                   **precision(gpt.head, H, weight, targets, dtype, args.chunk),
                   **theorem4_bounds(W))
-    print_table([(key, result[key], MEANING[key]) for key in MEANING if key in result],
-                ("quantity", "value", "meaning"),
-                f"logits: {describe(args, cfg, step)}; per-token figures averaged over {len(H)} "
-                f"tokens; --dtype {args.dtype}")
+    print_table([dict(quantity=key, value=result[key], meaning=MEANING[key]) for key in MEANING
+                 if key in result], f"logits: {describe(args, cfg, step)}; per-token figures "
+                f"averaged over {len(H)} tokens; --dtype {args.dtype}")
     if args.offsets:
         result["offsets"] = offset_precision(gpt.head, H, weight, targets, dtype, args.offsets,
                                              args.chunk)
-        columns = ("offset", "spacing_over_sigma", *measure.PRECISION_STATS)
-        print_table([[row[c] for c in columns] for row in result["offsets"]], columns,
-                    "every output row shifted by one common vector so that the mean logit is L "
-                    f"(exact arithmetic: no change); the head's matmul in {args.dtype}",
-                    legend=True)
+        print_table(result["offsets"], "every output row shifted by one common vector so that "
+                    f"the mean logit is L (exact arithmetic: no change); the head's matmul in "
+                    f"{args.dtype}", legend=True)
     if args.plot:
         plot_dot_histogram((W @ W.mean(0)).cpu().numpy(), result, args.bins, args.plot)
     return result
@@ -361,19 +344,17 @@ def run_bottleneck(args) -> dict:
         D, V = gpt.config.n_embd, gpt.config.vocab_size
         n_tokens = args.tokens or DEFAULTS["bottleneck_tokens_per_dim"] * D
         H, targets = hidden_states(gpt, cfg, args, n_tokens)
-        W, H = output_weight64(gpt), H.double()
+        W, H = gpt.output_weight.detach().double(), H.double()
         capped = gpt.head.logits(H, W)
         G = loss_gradients(capped, targets)  # ∂CE/∂(raw logits W h); regularisers left out
         if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
             G *= 1 - (capped / gpt.head.cap) ** 2
         rows.append(dict(step=step, **bottleneck(G, W, H)))
-    columns = ["step", *(key for key in MEANING if key in rows[0])]
     trivial = trivially_one(n_tokens, V, D)
-    note = f"; trivially 1 as N ≤ {'D' if len(trivial) == 3 else '2D'}: {', '.join(trivial)}" \
-        if trivial else ""
-    print_table([[r[c] for c in columns] for r in rows], columns,
-                f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
-                f"V = {V}{note}", legend=True)
+    note = f"; trivially 1 as N ≤ {'2D' if len(trivial) < 3 else 'D'}: {', '.join(trivial)}"
+    print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
+                f"V = {V}{note if trivial else ''}",
+                ["step", *(key for key in MEANING if key in rows[0])], legend=True)
     if args.plot:
         plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy",
                            "isotropic_energy"), "share of the loss gradient", args.plot)
@@ -381,18 +362,18 @@ def run_bottleneck(args) -> dict:
 
 
 def describe(args, cfg: dict, step: int) -> str:
-    source = args.run if args.run else f"fresh {args.init}"
-    return (f"{source} (size {cfg['size']}, head {cfg['head']}, tie {bool(cfg.get('tie'))}, "
-            f"step {step})")
+    return (f"{args.run or f'fresh {args.init}'} (size {cfg['size']}, head {cfg['head']}, "
+            f"tie {bool(cfg.get('tie'))}, step {step})")
 
 
-def print_table(rows, columns, title: str, legend: bool = False) -> None:
-    """A plain aligned text table under its title; with legend, each column's MEANING below."""
+def print_table(rows: list[dict], title: str, columns=None, legend: bool = False) -> None:
+    """An aligned table of `columns` (default: the first row's keys); legend: their MEANING."""
     def cell(value):
         if isinstance(value, bool):
             return "yes" if value else "no"
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-    cells = [[cell(v) for v in row] for row in rows]
+        return f"{value:.4g}" if isinstance(value, float) else "—" if value is None else str(value)
+    columns = columns or list(rows[0])
+    cells = [[cell(row[c]) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     print(title)
     for line in [list(columns)] + cells:
@@ -409,11 +390,12 @@ def write_file(path: str, content: bytes) -> None:
     store.write_atomic(store.make_folder(target.parent) / target.name, content)
 
 
-def new_axes():
+def new_axes(*grid, **options):
+    """plt.subplots(*grid, **options), 6.4 × 4 inches unless told, for files only."""
     import matplotlib
-    matplotlib.use("Agg")  # files only: no display needed
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    return plt.subplots(*grid, **{"figsize": (6.4, 4.0), "layout": "constrained", **options})
 
 
 def save_figure(fig, path: str) -> None:
@@ -485,22 +467,21 @@ def device(text: str) -> str:
 
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """Parent parsers, shared with the experiments: output (--device --json --plot --seed) and
-    measurement (those and --data --tokens --batch_size --seq_len --chunk)."""
+    """Parent parsers shared with the experiments: output, and measurement (output's and more)."""
     output = argparse.ArgumentParser(add_help=False)
     add = output.add_argument
-    add("--device", type=device, default=DEFAULTS["device"], help="cpu, cuda, cuda:1, ...")
+    add("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
     add("--json", help="write the numbers to this JSON file")
     add("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    add("--seed", type=seed, default=DEFAULTS["seed"])
+    add("--seed", type=seed, default=0)
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")
     add("--tokens", type=positive_int, help=f"hidden states (validation tokens) per measurement, "
                                             f"N (default {DEFAULTS['tokens']}; bottleneck: 4·D)")
-    add("--batch_size", type=positive_int, default=DEFAULTS["batch_size"])
-    add("--seq_len", type=positive_int, default=DEFAULTS["seq_len"],
-        help="tokens per sequence (default: the run's, 256 for --init)")
+    add("--batch_size", type=positive_int, default=4)
+    add("--seq_len", type=positive_int, help="tokens per sequence (default: the run's, "
+                                             f"{DEFAULTS['init_seq_len']} for --init)")
     add("--chunk", type=positive_int, default=DEFAULTS["chunk"],
         help="token rows per float64 block of logits (chunk·V·8 bytes)")
     return output, measurement
@@ -512,23 +493,21 @@ def model_source(required: bool) -> argparse.ArgumentParser:
     which.add_argument("--run", help="a train.py run folder (config.json, ckpt.pt, ckpt_step*.pt)")
     which.add_argument("--init", choices=list(model.SIZES), help="a fresh model of this size")
     add = source.add_argument
-    add("--head", choices=heads.HEADS, default=DEFAULTS["head"], help="with --init")
+    add("--head", choices=heads.HEADS, default="baseline", help="with --init")
     add("--tie", action="store_true", help="with --init: tied embeddings")
-    add("--vocab_size", type=positive_int, default=DEFAULTS["vocab_size"], help="with --init")
+    add("--vocab_size", type=positive_int, default=50304, help="with --init")
     return source
 
 
 COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    _, measurement = shared_options()
     sub = p.add_subparsers(dest="command", required=True)
-    command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0],
-                                    parents=[measurement, model_source(name != "verify")])
-               for name, run in COMMANDS.items()}
+    command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0], parents=[
+        shared_options()[1], model_source(name != "verify")]) for name, run in COMMANDS.items()}
     add = command["verify"].add_argument
     add("--exhaustive", action="store_true", help="search small integer W for counterexamples")
     add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES,
@@ -539,8 +518,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         const=theorem4.SCAN_MATRICES, help="how often a random h breaks Theorem 4, per B_ratio "
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
     add = command["logits"].add_argument
-    add("--bins", type=positive_int, default=DEFAULTS["bins"], help="histogram bins of eᵢ·μ")
-    add("--dtype", choices=("float32", "bfloat16"), default=DEFAULTS["dtype"],
+    add("--bins", type=positive_int, default=100, help="histogram bins of eᵢ·μ")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32",
         help="the model's matmul dtype, as train.py --dtype")
     add("--offsets", type=offset, nargs="+", metavar="L", help="also what --dtype loses with all "
         "rows shifted by one vector to a mean logit L (e.g. 0 100 1000)")
@@ -549,7 +528,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
     if args.command != "bottleneck" and args.tokens is None:
         args.tokens = DEFAULTS["tokens"]
-    return args
+    return execute(args, COMMANDS, "analyze.py")
 
 
 def execute(args, commands: dict, program: str) -> dict:
@@ -565,10 +544,6 @@ def execute(args, commands: dict, program: str) -> dict:
     except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result
-
-
-def main(argv=None) -> dict:
-    return execute(parse_args(argv), COMMANDS, "analyze.py")
 
 
 if __name__ == "__main__":

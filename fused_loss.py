@@ -7,9 +7,7 @@ path, chunk by chunk of tokens. Imports only heads.py.
 The plain path keeps all N × V logits (and their softmax) for the backward pass. The loss is a
 scalar, so a chunk's gradient w.r.t. its logits is known once its softmax is: the forward folds
 it into ∂L/∂h and ∂L/∂W at once and reuses one C × V buffer for the next chunk (as torch ≥ 2.13's
-F.linear_cross_entropy does). Baseline, μ-loss and μ-centering use torch's op where it exists and
-the matmul is float32/float64 (with bf16 it would round the loss itself to bf16); the rest use
-`_ChunkedSoftmaxLoss`. How the paths compare on your machine:
+F.linear_cross_entropy does, which chunked_loss uses where it applies). How the paths compare:
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
 """
 import functools
@@ -20,7 +18,7 @@ import torch.nn.functional as F
 import heads
 
 # Tokens per chunk of the default path per device type; 0 = the plain path. CPU: 64 (the bench
-# command above times it; add --chunk_size N for another). CUDA: the plain path, whose softmax
+# command above times it, --chunk_size N another). CUDA: the plain path, whose softmax
 # torch.compile fuses, until scripts/gpu_check.sh measures a chunked path faster.
 DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
@@ -32,8 +30,7 @@ PLAIN_CE_HEADS = ("baseline", "mu_loss", "mu_center")  # nothing but CE inside t
 def loss_path(chunk_size, device_type):
     """head.loss_path for train.py --loss_chunk: None → DEFAULT_CHUNK of the device type;
     0 → None (heads.py's plain path); N → chunked_loss with N tokens per chunk."""
-    if chunk_size is None:
-        chunk_size = DEFAULT_CHUNK.get(device_type, 0)
+    chunk_size = DEFAULT_CHUNK.get(device_type, 0) if chunk_size is None else chunk_size
     return functools.partial(chunked_loss, chunk_size=chunk_size) if chunk_size else None
 
 
@@ -42,9 +39,9 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
     """head(h, weight, targets) chunk by chunk: same (loss, stats), same gradients.
 
     Soft-cap and z-loss live inside the chunk loop; μ-loss adds λ·μ·μ afterwards; μ-centering
-    changes nothing in the loss. The matmul runs in head.matmul_dtype where the head has one,
-    else as autocast says, as on the plain path. torch_op: None uses torch's op where it can
-    (TORCH_OP), False forces our own loop, True torch's (bench.py and the tests compare them)."""
+    changes nothing in the loss. The matmul runs in head.matmul_dtype, else as autocast says.
+    Torch's op (TORCH_OP) serves the PLAIN_CE_HEADS where the matmul is float32 or float64 (in
+    bf16 it would round the loss itself); torch_op=False forces our loop, True torch's op."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
     if torch_op and not TORCH_OP:
@@ -104,8 +101,7 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         keep = targets != heads.IGNORE
         n = keep.sum().clamp(min=1).to(acc)  # 0 kept tokens: loss 0, as heads.token_mean
         row_scale = keep.to(acc) / n  # g's row scale: 1/n for kept tokens, 0 for ignored ones
-        chunk = min(chunk_size, h.shape[0])
-        logits = torch.empty(chunk, w.shape[0], dtype=acc, device=h.device)  # reused per chunk
+        logits = torch.empty(min(chunk_size, len(h)), len(w), dtype=acc, device=h.device)  # reused
         slope = torch.empty_like(logits) if cap is not None and want_grad else None
         sums = torch.zeros(2, dtype=acc, device=h.device)  # Σ CE, Σ log²Z over kept tokens
         grad_h = torch.empty_like(h_low) if want_grad else None
@@ -146,10 +142,9 @@ def _matmul(a, b, out, accumulate=False, alpha=1.0):
 
 
 def _chunk_loss_and_grad(logits, targets, keep, row_scale, cap, lam, sums, want_grad, slope):
-    """One chunk of _ChunkedSoftmaxLoss, in place in `logits` (C × V, float32: the raw logits a,
-    or a/c with a cap): adds (Σ CE_r, Σ log²Z_r) over its kept tokens to `sums` and, if
-    want_grad, returns g = ∂L/∂a in the same buffer (with a cap, `slope` is a second C × V
-    buffer). In place because each extra C × V tensor costs a pass over memory."""
+    """One chunk of _ChunkedSoftmaxLoss in place in `logits` (C × V, float32: a, or a/c with a cap;
+    each extra C × V tensor costs a pass over memory): adds (Σ CE_r, Σ log²Z_r) over its kept
+    tokens to `sums`; if want_grad, returns g = ∂L/∂a in that buffer (`slope`: a second one)."""
     target_col = targets.clamp(min=0).unsqueeze(1)
     if cap is not None:  # l = c·tanh(a/c), ∂l/∂a = 1 − tanh²(a/c)
         capped = logits.tanh_()

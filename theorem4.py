@@ -1,12 +1,8 @@
 """Theorem 4 of the paper (Eq. 14: B_ratio ≤ 1 ⇔ maxᵢ|l*ᵢ| ≤ maxᵢ|lᵢ|) and its proof (App. B),
-audited: `theorem4_audit` checks each step in exact fractions on the smallest counterexamples,
-which `exhaustive_search` finds; `b_ratio_scan` counts how often random h break the theorem.
-
-    python analyze.py verify                           # the audit table
-    python analyze.py verify --exhaustive --b_ratio_scan
-
-Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ, e*ᵢ = eᵢ − μ (μ-centering),
-lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h = lᵢ − l̄ (Lemma 1); B₋, B₊ the tight bounds of Eq. 12, B_ratio Eq. 13.
+audited (`python analyze.py verify`): `theorem4_audit` checks each step in exact fractions on
+the smallest counterexamples, which `exhaustive_search` finds; `b_ratio_scan` counts how often
+random h break the theorem. Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ,
+e*ᵢ = eᵢ − μ, lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h = lᵢ − l̄; B₋, B₊ the tight bounds of Eq. 12, B_ratio Eq. 13.
 
 The verdict (this docstring is its one home; theorem4_audit has each step):
   • For h ∥ μ the equivalence is exact: it restates Eq. 26, B_ratio = max|e*ᵢ·μ| / max|eᵢ·μ|.
@@ -31,11 +27,8 @@ import torch
 
 import measure
 
-SEARCH_ENTRIES = 2     # exhaustive search: W's entries in {−2, …, 2} …
-SEARCH_H_ENTRIES = 3   # … and h's in {−3, …, 3}
-SCAN_MATRICES = 200    # B_ratio scan: random anisotropic matrices …
-SCAN_HIDDEN = 500      # … random hidden states per matrix …
-SCAN_SHAPE = (1000, 64)  # … of V×D
+SEARCH_ENTRIES, SEARCH_H_ENTRIES = 2, 3  # exhaustive search: W's entries in ±2, h's in ±3
+SCAN_MATRICES = 200                      # B_ratio scan: random anisotropic matrices
 
 E0 = ((-1, 0), (0, -1), (0, 0))    # μ = (−1/3, −1/3); E₀–E₃: the audit's counterexamples
 E1 = ((-1, 0), (0, -1), (0, 1))    # μ = (−1/3, 0)
@@ -49,8 +42,7 @@ def dot(a, b):
 
 
 def exact_terms(E, h=None) -> dict:
-    """The quantities of Theorem 4's proof for a small integer matrix E (rows eᵢ) and, if given,
-    a hidden state h, as exact fractions: no rounding can decide a verdict."""
+    """The proof's quantities for a small integer E (rows eᵢ) and h, in fractions: no rounding."""
     e = [tuple(map(Fraction, row)) for row in E]
     mu = tuple(sum(column) / len(e) for column in zip(*e))
     star = [tuple(x - m for x, m in zip(row, mu)) for row in e]
@@ -73,9 +65,8 @@ def exact_terms(E, h=None) -> dict:
 
 
 def theorem4_audit() -> list[dict]:
-    """Theorem 4's proof (App. B), one row per step: step, example, claim, lhs, rhs (exact, as
-    strings such as "10/9") and holds, on the smallest counterexamples E₀–E₃ (V = 3, D = 2, by
-    size Σ|Wᵢⱼ| then Σ|hⱼ|; the tests check with `exhaustive_search` that none is smaller).
+    """Theorem 4's proof (App. B), one row per step (lhs, rhs exact, as strings such as "10/9"),
+    on the smallest counterexamples E₀–E₃ (V = 3, D = 2; exhaustive_search finds none smaller).
     With aᵢ = eᵢ·μ̂ and pᵢ = eᵢ − aᵢμ̂, centering maps aᵢ → aᵢ − ‖μ‖ and keeps pᵢ.
       Eq. 24–28 hold with the tight B₋, B₊: e*ᵢ·μ = eᵢ·μ − ‖μ‖² fills [−B₋, B₊], so Eq. 13 is
         Eq. 26. With loose bounds (which Eq. 12 allows) it is not: E₁ with B₋ = 1 gives 9/8.
@@ -170,13 +161,12 @@ def exhaustive_search(entries: int = SEARCH_ENTRIES,
     return out
 
 
-def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = SCAN_HIDDEN,
-                 shape=SCAN_SHAPE, seed: int = 0) -> list[dict]:
+def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = 500, shape=(1000, 64),
+                 seed: int = 0) -> list[dict]:
     """Per random anisotropic matrix, its B_ratio and the share of n_hidden random h with
-    maxᵢ|l*ᵢ| > maxᵢ|lᵢ| (Theorem 4 would make it 0 for B_ratio ≤ 1, 1 above). Generator
-    (float64, seeded): axis scales aₖ ~ U(0, 2), shift size c = 10^U(−1, 1),
-        W = X·diag(a) + c·m,   X ~ N(0, 1)^{V×D},  m ~ N(0, I_D),   h ~ N(0, I_D)
-    (rows isotropic up to the scales plus a common shift, like trained output embeddings)."""
+    maxᵢ|l*ᵢ| > maxᵢ|lᵢ| (Theorem 4 would make it 0 for B_ratio ≤ 1, 1 above). Rows isotropic
+    up to axis scales aₖ ~ U(0, 2), plus a common shift of size c = 10^U(−1, 1) (float64, seeded):
+        W = X·diag(a) + c·m,   X ~ N(0, 1)^{V×D},  m ~ N(0, I_D),   h ~ N(0, I_D)"""
     seeded = dict(generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     V, D = shape
     out = []
@@ -189,7 +179,7 @@ def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = SCAN_HIDDEN,
     return out
 
 
-def binned(scan: list[dict], edges=(0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, math.inf)):
+def binned(scan: list[dict], edges=(*(k / 10 for k in range(11)), math.inf)):
     """The scan's mean share per B_ratio bin [lo, hi), empty bins left out."""
     rows = []
     for lo, hi in zip(edges, edges[1:]):

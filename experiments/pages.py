@@ -1,16 +1,13 @@
-"""An experiment's page: README.md beside its results, its template README.in.md filled with
-str.format from the numbers experiments/<name>/page.py reads out of the committed results, so
-that the page cannot drift from them (tests/test_experiments.py writes every page and compares).
-
+"""Each experiment's README.md: its README.in.md filled by str.format with the numbers read here
+from its committed results, so that the page cannot drift from them (tests/test_experiments.py).
     python experiments/pages.py [NAME ...]     # default: every page; the last step of run.sh
 """
 import csv
-import importlib
+import json
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WRITTEN = ("mechanism", "alignment", "proxy")  # geometry commits no results: its page is prose
 
 
 def read_csv(path) -> list[dict]:
@@ -24,13 +21,109 @@ def read_csv(path) -> list[dict]:
         return [{key: cell(value) for key, value in row.items()} for row in csv.DictReader(f)]
 
 
+def markdown_table(rows) -> str:
+    """Rows of cells, the header first, as a Markdown table."""
+    lines = ["|" + "|".join(f" {cell} " if cell else " " for cell in row) + "|" for row in rows]
+    return "\n".join([lines[0], "|---" * len(rows[0]) + "|", *lines[1:]])
+
+
+def span(key: str, rows) -> tuple:
+    return min(row[key] for row in rows), max(row[key] for row in rows)
+
+
+def mechanism(results: Path) -> dict:
+    """gaps.csv by condition and shift (g), runs.csv's validation losses and times, base.json."""
+    runs, g = read_csv(results / "runs.csv"), {}
+    for row in read_csv(results / "gaps.csv"):
+        g.setdefault(row["condition"], {})[row["shift"]] = row
+    bf16 = lambda shift: [r for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)]
+    ends = lambda shift: sorted(r["val_loss_end"] for r in bf16(shift))
+    base = json.loads((results / "base.json").read_text())
+    noise = [row for row in g["float32"].values() if row["shift"] != "none"]
+    wall = [r["wall_s"] for r in runs]
+    paper, = [r for r in read_csv(HERE.parent / "tests/data/oec_untied_runs.csv")
+              if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
+    return dict(g=g, base=base, paper=paper, h_mean_norm=base["h_mu_proj"] / base["h_mu_cos"],
+                bf16_none=ends("none"), bf16_1000=ends("along1000"), bf16_3000=ends("along3000"),
+                l_3000=span("logit_mean_end", bf16("along3000"))[0],
+                noise_min=span("gap_min", noise)[0], noise_max=span("gap_max", noise)[1],
+                runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
+                table=(results / "table.md").read_text().rstrip("\n"))
+
+
+ALIGNMENT_PAIRS = ("base", "lr1", "small", "batch16", "seq512", "long", "dense")  # run.sh's order
+ALIGNMENT_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv; a: rarity.py's
+    ("validation loss, baseline / μ-centering", "{b[test_loss]:.2f} / {c[test_loss]:.2f}"),
+    ("‖μ‖", "{b[mu_norm]:.0f}"),
+    ("l̄", "{b[logit_mean]:.1f}"),
+    ("h̄·μ̂ (cos(h̄, μ)), train.py", "{b[h_mu_proj]:.3f} ({b[h_mu_cos]:.2f})"),
+    ("h̄·μ̂ (cos(h̄, μ)), rarity.py", "{a[h_mu_proj]:.3f} ({a[h_mu_cos]:.2f})"),
+    ("‖h̄‖ / RMS ‖h‖ / ‖g‖",
+     "{a[h_mean_norm]:.2f} / {a[h_norm_rms]:.2f} / {a[ln_f_gain_norm]:.1f}"),
+    ("share of the residual's mean square in its 2 largest coordinates (\\|g\\| there)",
+     "{a[top2]:.3f} ({a[top2_gains]})"),
+    ("reach aᵢ by training count: 0 / 1–9 / ≥ 10⁴", "{a[reach]}"),
+    ("reach over the training targets (mean ± std)",
+     "{a[target_reach]:.2f} ± {a[target_reach_std]:.2f}"),
+    ("B_ratio", "{a[B_ratio]:.2f}"),
+    ("rounding the loss can see (σ_l), baseline / centering",
+     "{b[prec_err_round]:.4f} / {c[prec_err_round]:.4f}"),
+    ("cross-entropy lost to bf16 (nats), baseline / centering",
+     "{b[prec_ce_gap]:+.4f} / {c[prec_ce_gap]:+.4f}"),
+    ("minutes of training, baseline / centering", "{b[minutes]:.0f} / {c[minutes]:.0f}"))
+
+
+def alignment(results: Path) -> dict:
+    """results.csv by pair and head (r), the baselines' rarity JSONs by pair (a), the table."""
+    r = {}
+    for row in read_csv(results / "results.csv"):
+        r.setdefault(row["run"].split("/")[0], {})[row["head"]] = row | dict(
+            minutes=row["train_time_s"] / 60)
+    pairs = [p for p in ALIGNMENT_PAIRS if p in r]
+    a = {p: json.loads((results / f"rarity_{p}.json").read_text()) for p in pairs}
+    for p in pairs:
+        bucket = {b["counts"]: b["reach_mean"] for b in a[p]["buckets"]}
+        top = a[p]["residual_top"][:2]
+        a[p] |= dict(bucket=bucket, top2=sum(c["share"] for c in top),
+                     top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
+                     reach=" / ".join(f"{bucket[k]:.2f}" if k in bucket else "–"
+                                      for k in ("[0, 1)", "[1, 10)", "≥ 10000")))
+    table = markdown_table([["", *pairs], *([name, *(cell.format(
+        b=r[p]["baseline"], c=r[p]["mu_center"], a=a[p]) for p in pairs)]
+        for name, cell in ALIGNMENT_ROWS)])
+    baselines, rarities = [r[p]["baseline"] for p in pairs], [a[p] for p in pairs]
+    return dict(r=r, a=a, table=table, n_pairs=len(pairs), proj=span("h_mu_proj", baselines),
+                mu=span("mu_norm", baselines), cost=span("prec_ce_gap", baselines),
+                rms=span("h_norm_rms", rarities), gain=span("ln_f_gain_norm", rarities),
+                top2=span("top2", rarities),
+                top2_gain=max(abs(c["gain"]) for p in pairs for c in a[p]["residual_top"][:2]))
+
+
+def proxy(results: Path) -> dict:
+    """results.csv by run name (run), table.csv by tie, size and head (t), offsets_bf16.json."""
+    rows = read_csv(results / "results.csv")
+    t = {f"{r['tie']}|{r['size']}|{r['head']}": r for r in read_csv(results / "table.csv")}
+    shifts = json.loads((results / "offsets_bf16.json").read_text())["offsets"]
+    untied = lambda head: [r for r in rows if r["head"] == head and r["tie"] == "false"]
+    l_min, l_max = span("logit_mean", untied("baseline"))
+    return dict(run={r["run"]: r for r in rows}, t=t, l_min=l_min, l_max=l_max, runs=len(rows),
+                core_min=sum(r["train_time_s"] for r in rows) / 60,
+                centred_mu_max=span("mu_norm", untied("mu_center"))[1],
+                offsets=markdown_table([
+                    ["mean logit after the shift, L", *(f"{o['offset']:g}" for o in shifts)],
+                    ["cross-entropy lost to bf16 (nats)",
+                     *(f"{o['prec_ce_gap']:+.4f}" for o in shifts)]]))
+
+
+WRITTEN = dict(mechanism=mechanism, alignment=alignment, proxy=proxy)  # geometry's page is prose
+
+
 def render(name: str) -> str:
-    values = importlib.import_module(f"experiments.{name}.page").values(HERE / name / "results")
+    values = WRITTEN[name](HERE / name / "results")
     return (HERE / name / "README.in.md").read_text().format(**values)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))  # the repository root, where `experiments` lives
     for name in sys.argv[1:] or WRITTEN:
         if name not in WRITTEN:
             raise SystemExit(f"pages.py: error: there is no page {name!r}; name one of "

@@ -1,6 +1,5 @@
 """What holds h̄·μ̂ small (experiments/alignment/README.md): each output row's reach along μ by
-how often its token occurs in training, the mean hidden state, and the residual coordinates that
-bound it. --run, --data, --tokens, --json, --plot and the error handling are analyze.py's.
+its token's training count, the mean hidden state, and the residual coordinates that bound it.
 
     python experiments/alignment/rarity.py --run DIR --tokens 4096 --json r.json --plot r.png
 """
@@ -23,19 +22,17 @@ COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1)
 def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
     """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,); their mean over the rows is exactly 1.
 
-    Moving a hidden state by s·μ̂ moves logit i by s·‖μ‖·aᵢ. Softmax drops what is common to
-    all i, so the loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ). If every row had aᵢ = 1 (eᵢ = μ plus a
-    part ⊥ μ), h·μ̂ would be invisible to the loss, free to drift, and l̄ = ‖μ‖·(h̄·μ̂) with it.
-    Where aᵢ depends on how often token i occurs, h·μ̂ is a frequency prior that the loss sets:
-    it raises or lowers the rare tokens against the frequent ones."""
+    Moving h by s·μ̂ moves logit i by s·‖μ‖·aᵢ; softmax drops what is common to all i, so the
+    loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ). Were every aᵢ = 1, h·μ̂ would be free to drift, and
+    l̄ = ‖μ‖·(h̄·μ̂) with it; where aᵢ follows token i's frequency, the loss sets h·μ̂."""
     mu = W.double().mean(0)
     return W.double() @ mu / mu.square().sum()
 
 
 def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
                        edges=COUNT_EDGES) -> tuple[list[dict], dict]:
-    """(per bucket of training counts: rows, mean and std of aᵢ; over the training tokens,
-    each row weighted by its count: the mean and std of aᵢ the targets meet)."""
+    """(per bucket of training counts: rows, mean and std of aᵢ; the mean and std of aᵢ over
+    the training targets, each row weighted by its count)."""
     counts = counts.double()
     buckets = []
     for low, high in zip(edges, (*edges[1:], math.inf)):
@@ -57,16 +54,15 @@ def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
 
 
 def run_rarity(args) -> dict:
-    """Each row's reach aᵢ (reach_along_mu) by its token's count in the training shards, its mean
-    over the training targets, B_ratio (the paper's Table 5: small when every eᵢ·μ lies near
-    ‖μ‖²); over N validation tokens in float32: ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ). h̄·μ̂ ≤ ‖h̄‖ ≤
-    RMS ‖h‖, and ‖h‖ = ‖g ⊙ z‖ (g: the final LayerNorm's gain, z of unit RMS) is ≈ ‖g‖ when the
-    residual's variance spreads evenly over its coordinates, less when it sits where g is small."""
+    """Each row's reach aᵢ by its token's training count, B_ratio, and over N validation tokens
+    in float32 ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ). h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and ‖h‖ = ‖g ⊙ z‖
+    (g: the final LayerNorm's gain, z of unit RMS) is ≈ ‖g‖ when the residual's variance spreads
+    evenly over its coordinates, less when it sits where g is small."""
     (gpt, cfg, step), = analyze.models(args)
     data_dir = args.data or cfg.get("data")
     if not data_dir:
         raise ValueError("rarity needs the training tokens to count; pass --data DIR.")
-    W = analyze.output_weight64(gpt)
+    W = gpt.output_weight.detach().double()
     mu_norm = W.mean(0).norm().item()
     if mu_norm <= 1e-5 * W.norm(dim=1).mean().item():  # μ-centred: μ is float32 rounding
         raise ValueError(f"μ ≈ 0 (‖μ‖ = {mu_norm:.2g}: a μ-centred model): no direction to "
@@ -85,17 +81,14 @@ def run_rarity(args) -> dict:
                   h_mu_cos=h_mu_cos, **targets, B_ratio=measure.b_ratio(W), buckets=buckets,
                   residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
                                                gpt.ln_f.weight.detach().double()))
-    columns = ("counts", "rows", "reach_mean", "reach_std")
-    analyze.print_table([[b[c] for c in columns] for b in buckets], columns, f"rarity: "
-                        f"{analyze.describe(args, cfg, step)}; aᵢ = eᵢ·μ̂/‖μ‖ by training count")
+    analyze.print_table(buckets, f"rarity: {analyze.describe(args, cfg, step)}; "
+                        "aᵢ = eᵢ·μ̂/‖μ‖ by training count")
     names = ("mu_norm", "target_reach", "target_reach_std", "B_ratio", "h_mean_norm",
              "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
-    analyze.print_table([(name, result[name]) for name in names], ("quantity", "value"),
+    analyze.print_table([dict(quantity=name, value=result[name]) for name in names],
                 f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
-    columns = ("coordinate", "share", "gain")
-    analyze.print_table([[c[k] for k in columns] for c in result["residual_top"]], columns,
-                "the residual stream's largest coordinates: their share of its mean square "
-                "over the tokens, and the final LayerNorm's gain on them")
+    analyze.print_table(result["residual_top"], "the residual stream's largest coordinates: their "
+                        "share of its mean square over the tokens, and the final LayerNorm's gain")
     if args.plot:
         plot_reach(reach.cpu().numpy(), counts.numpy(), f"{analyze.describe(args, cfg, step)}\n"
                    f"each output row's reach along μ (‖μ‖ = {mu_norm:.0f})", args.plot)
@@ -114,11 +107,8 @@ def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dic
 def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> None:
     """Each row's reach along μ against its token's training count; the rows of tokens never
     seen, which a log axis cannot place, jittered in a strip of their own at the left."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-    fig, (strip, ax) = plt.subplots(1, 2, sharey=True, figsize=(7.6, 4.4), width_ratios=(1, 5),
-                                    layout="constrained")
+    fig, (strip, ax) = analyze.new_axes(1, 2, sharey=True, figsize=(7.6, 4.4),
+                                        width_ratios=(1, 5))
     never = counts == 0
     strip.scatter(np.random.default_rng(0).uniform(-1, 1, never.sum()), reach[never], s=2,
                   alpha=0.3, color="tab:gray", linewidths=0)
@@ -133,17 +123,13 @@ def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> 
     analyze.save_figure(fig, path)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, parents=[
                                 analyze.shared_options()[1], analyze.model_source(required=True)],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     args = p.parse_args(argv)
     args.command, args.tokens = "rarity", args.tokens or analyze.DEFAULTS["tokens"]
-    return args
-
-
-def main(argv=None) -> dict:
-    return analyze.execute(parse_args(argv), dict(rarity=run_rarity), "rarity.py")
+    return analyze.execute(args, dict(rarity=run_rarity), "rarity.py")
 
 
 if __name__ == "__main__":

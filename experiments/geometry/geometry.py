@@ -1,7 +1,6 @@
-"""The related work's embedding geometry, measured on train.py's runs of this model: tied vs
+"""The related work's embedding geometry on train.py's runs of this model, in float64: tied vs
 untied embeddings (tying), embeddings vs probability signatures (signatures), the `repeat` task
-over growing vocabularies (trivial). What each measures: experiments/geometry/README.md. Run
-folders, --json, --plot, --device and the error handling are analyze.py's; all in float64.
+over growing vocabularies (trivial). What each measures: experiments/geometry/README.md.
 """
 import argparse
 import json
@@ -22,8 +21,6 @@ import model
 import prepare
 import store
 from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_models, save_figure
-
-TRIVIAL_TRAIN = ("--lr", "3e-3", "--eval_every", "0", "--log_every", "50", "--save_every", "1000")
 
 
 def centred(A: torch.Tensor) -> torch.Tensor:
@@ -50,17 +47,13 @@ def alignment(A: torch.Tensor, B: torch.Tensor) -> dict:
     return out
 
 
-def nearest_neighbours(A: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (n×k) of each row's k most cosine-similar other rows, rows centred first."""
-    X = torch.nn.functional.normalize(centred(A), dim=1)
-    return (X @ X.T).fill_diagonal_(-math.inf).topk(k, dim=1).indices
-
-
 def knn_overlap(A: torch.Tensor, B: torch.Tensor, k: int = 10) -> float:
-    """Mean over rows of |N_A(i) ∩ N_B(i)| / k, N(i) the k nearest neighbours by cosine;
-    invariant under any rotation (and scaling) of either matrix: 1 for a rotated copy."""
-    n_a, n_b = nearest_neighbours(A, k), nearest_neighbours(B, k)
-    shared = (n_a[:, :, None] == n_b[:, None, :]).any(2).sum(1)
+    """Mean over rows of |N_A(i) ∩ N_B(i)| / k, N(i) the k nearest other rows by cosine, rows
+    centred; invariant under any rotation (and scaling) of either matrix: 1 for a rotated copy."""
+    def neighbours(M):  # (n×k) indices
+        X = torch.nn.functional.normalize(centred(M), dim=1)
+        return (X @ X.T).fill_diagonal_(-math.inf).topk(k, dim=1).indices
+    shared = (neighbours(A)[:, :, None] == neighbours(B)[:, None, :]).any(2).sum(1)
     return (shared.double() / k).mean().item()
 
 
@@ -142,9 +135,8 @@ def output_share(from_output: torch.Tensor, from_input: torch.Tensor) -> dict:
 def run_tying(args) -> dict:
     """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share.
 
-    Over the K most frequent training tokens: the tied matrix T, the untied input and output
-    matrices. With model.py's init and equal seeds T starts as the very draw E_out starts from,
-    so where both runs kept a step-0 snapshot the moves since init (T − T₀ …) are compared too."""
+    Over the K most frequent training tokens. With equal seeds the tied matrix starts as the
+    untied output matrix's draw: with step-0 snapshots the moves since init are compared too."""
     (tied, tied_cfg, tied_step), = run_models(args.tied, args.device, all_steps=False)
     (untied, _, untied_step), = run_models(args.untied, args.device, all_steps=False)
     if not tied.config.tie or untied.config.tie:
@@ -169,11 +161,9 @@ def run_tying(args) -> dict:
             geometry[f"Δ{a} vs Δ{b} since init"] = measure(final[a] - start[a], final[b] - start[b])
     note = (f"; K ≤ D = {tied.config.n_embd}: a linear map fits any K points, raise --top_k"
             if len(ids) <= tied.config.n_embd else "")
-    print_table([[name, *g.values()] for name, g in geometry.items()],
-                ("matrices", *next(iter(geometry.values()))),
-                f"tying: mean per-token cosine after each map (rows centred), k = {args.knn}, K = "
-                f"{len(ids)} most frequent tokens; tied step {tied_step}, untied {untied_step}"
-                + note)
+    print_table([dict(matrices=name, **g) for name, g in geometry.items()], "tying: mean "
+                f"per-token cosine after each map (rows centred), k = {args.knn}, K = {len(ids)} "
+                f"most frequent tokens; tied step {tied_step}, untied {untied_step}{note}")
     shares = []
     for name, run in (("tied", args.tied), ("untied", args.untied)):
         for gpt, cfg, step in run_models(run, args.device, all_steps=True):
@@ -181,8 +171,7 @@ def run_tying(args) -> dict:
                                     args.seq_len or int(cfg["seq_len"])).next_batch()
             split = tied_gradient_split(gpt, x.to(args.device), y.to(args.device))
             shares.append(dict(run=name, step=step, **output_share(*split)))
-    print_table([list(s.values()) for s in shares], list(shares[0]),
-                "share of the embedding gradient from the LM head (first training batch)")
+    print_table(shares, "share of the embedding gradient from the LM head (first training batch)")
     if args.plot:
         plot_curves([s for s in shares if s["run"] == "tied"], ("share_norm", "share_energy"),
                     "output side's share of the tied gradient", args.plot)
@@ -193,9 +182,7 @@ def run_signatures(args) -> dict:
     """Alignment of the embeddings' similarity structure with each probability signature.
 
     Per checkpoint and signature S, the similarity_alignment of the centred input (or output)
-    embeddings of the K most frequent training tokens with the rows of S. An input embedding is
-    trained through what follows it (+1); an output embedding eᵧ is pulled towards the hidden
-    states of the contexts before y (−1); the higher orders (−2, −3, …) catch up later."""
+    embeddings of the K most frequent training tokens with the rows of S."""
     snapshots = run_models(args.run, args.device, all_steps=True)
     first = next(snapshots)
     tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
@@ -213,10 +200,9 @@ def run_signatures(args) -> dict:
             for offset, S in signatures.items():
                 row[f"{side}{offset:+d}"] = similarity_alignment(E, S)
         rows.append(row)
-    print_table([list(r.values()) for r in rows], list(rows[0]),
-                f"signatures: Pearson r of pairwise cosines, embeddings (in/out) vs signature at "
-                f"offset (+1 next token, −k k back); {len(ids)} most frequent of {len(tokens)} "
-                "training tokens")
+    print_table(rows, "signatures: Pearson r of pairwise cosines, embeddings (in/out) vs "
+                f"signature at offset (+1 next token, −k k back); {len(ids)} most frequent of "
+                f"{len(tokens)} training tokens")
     if args.plot:
         plot_curves(rows, [k for k in rows[0] if k != "step"], "similarity alignment (Pearson r)",
                     args.plot)
@@ -244,10 +230,8 @@ def run_trivial(args) -> dict:
     """The gradient-bottleneck paper's trivial pattern: `repeat` sequences (one token repeated
     seq_len times) learned at a fixed width over growing vocabularies V.
 
-    The best this model can reach is `repeat_floor` (chance: ln V). A token occurs in about
-    steps·batch/V training sequences, so --seqs_per_token S trains each V for
-    max(--steps, ⌈S·V/batch⌉) steps, lest a large vocabulary also be a rarely seen one. Each V
-    gets fresh data and its own run, both skipped when already there: a sweep resumes."""
+    A token occurs in about steps·batch/V training sequences, so --seqs_per_token S trains each
+    V for max(--steps, ⌈S·V/batch⌉) steps. Data and runs already there are kept: it resumes."""
     out, batch, T = Path(args.out), args.batch_size, args.seq_len
     eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
@@ -272,16 +256,17 @@ def run_trivial(args) -> dict:
                        "--steps", steps, "--warmup", max(1, steps // 10), "--seq_len", T,
                        "--batch_size", batch, "--micro_batch", batch, "--eval_tokens", eval_tokens,
                        "--stat_tokens", eval_tokens, "--device", args.device, "--seed", args.seed,
-                       *(["--tie"] if args.tie else []), *TRIVIAL_TRAIN,
+                       *(["--tie"] if args.tie else []), "--lr", "3e-3", "--eval_every", 0,
+                       "--log_every", 50, "--save_every", 1000,
                        *args.train_args)  # train.py's argparse: a repeated option's last value wins
         summary = json.loads((run_dir / "summary.json").read_text())
         rows.append(dict(vocab=V, steps=steps, seqs_per_token=steps * batch / V,
                          val_loss=summary["val_loss"], floor=repeat_floor(V, T), chance=math.log(V),
                          diverged=summary["diverged"]))
-    print_table([list(r.values()) for r in rows], list(rows[0]),
-                f"trivial: repeat task, size {args.size} (D = {model.SIZES[args.size]['n_embd']}), "
-                f"head {args.head}, tie {args.tie}, batches of {batch} sequences of {T}; "
-                "floor = the best this model can reach (repeat_floor), chance = ln V")
+    print_table(rows, f"trivial: repeat task, size {args.size} (D = "
+                f"{model.SIZES[args.size]['n_embd']}), head {args.head}, tie {args.tie}, batches "
+                f"of {batch} sequences of {T}; floor = the best this model can reach "
+                "(repeat_floor), chance = ln V")
     if args.plot:
         plot_trivial(rows, f"repeat task, {args.size}, head {args.head}, tie {args.tie}, "
                            f"{batch} × {T} tokens a step", args.plot)
@@ -308,9 +293,7 @@ def plot_trivial(rows: list[dict], title: str, path: str) -> None:
     save_figure(fig, path)
 
 
-# ── CLI ───────────────────────────────────────────────────────────────────────────────────────
-
-def parse_args(argv=None) -> argparse.Namespace:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     output, measurement = analyze.shared_options()
@@ -348,12 +331,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if any(o == 0 for o in getattr(args, "offsets", [1])):
         p.error("--offsets must be non-zero (+1 next token, -k context k tokens back)")
-    return args
-
-
-def main(argv=None) -> dict:
-    return analyze.execute(parse_args(argv), dict(tying=run_tying, signatures=run_signatures,
-                                                  trivial=run_trivial), "geometry.py")
+    return analyze.execute(args, dict(tying=run_tying, signatures=run_signatures,
+                                      trivial=run_trivial), "geometry.py")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,14 @@
-"""The divergence mechanism in training: every output row moved by one common vector c, then
-training continued under five numerics, from an untied bf16 baseline this command trains itself.
-What it found: experiments/mechanism/README.md.
+"""The divergence mechanism in training (experiments/mechanism/README.md): every output row of an
+untied bf16 baseline, trained here, moved by one common vector c, then training continued under
+five numerics.
 
-In exact arithmetic a common shift of the rows changes no prediction and no AdamW step
-(heads.MuCenter's docstring; ∂L/∂h gains c·Σᵢ(pᵢ − yᵢ) = 0), so a shifted run and μ-centering
-make the unshifted twin's predictions at every step; float32, bf16 and bf16 with a float32 head
-compute that function with other rounding. A gap between twins is finite precision alone, but
-for μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks both in float64).
-Shifts, on the base model's validation hidden states h: none (c = 0); along L (c ∥ h̄, the mean
-logit becomes L: analyze.mean_logit_shift); ortho (‖c‖ as along 1000, along the eigenvector of
-the mean hhᵀ with the smallest eigenvalue: l̄ stays, only the rows grow). Each (condition, shift,
-seed) continues from the base checkpoint's weights and AdamW moments on the seed's batches.
+In exact arithmetic a common shift of the rows changes no prediction and no AdamW step (∂L/∂h
+gains c·Σᵢ(pᵢ − yᵢ) = 0), so a gap to the unshifted twin is finite precision alone, but for
+μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks both in float64). Shifts:
+none; along L (c ∥ h̄, the mean logit becomes L); ortho (‖c‖ as along 1000, along the least
+eigenvector of the mean hhᵀ over validation hidden states h: l̄ stays, only the rows grow).
 """
 import argparse
-import contextlib
 import csv
 import json
 import multiprocessing
@@ -21,12 +16,11 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
 sys.path.insert(0, str(ROOT))
@@ -40,18 +34,16 @@ import train
 from model import from_config, load_checkpoint
 
 
-@dataclass(frozen=True)
-class Condition:  # train.py's --dtype (the body's autocast), --head and --head_dtype
-    dtype: str
-    head: str
-    head_dtype: str = "auto"
-
-
-CONDITIONS = {"bf16": Condition("bfloat16", "baseline"),
-              "float32": Condition("float32", "baseline"),
-              "bf16_f32_head": Condition("bfloat16", "baseline", "float32"),
-              "bf16_mu_center": Condition("bfloat16", "mu_center"),
-              "bf16_mu_loss": Condition("bfloat16", "mu_loss")}
+# train.py's --dtype (the body's autocast), --head and --head_dtype; the figures' colour and label
+Condition = namedtuple("Condition", "dtype head head_dtype colour label",
+                       defaults=("auto", None, None))
+CONDITIONS = {
+    "bf16": Condition("bfloat16", "baseline", "auto", "tab:red", "bf16"),
+    "float32": Condition("float32", "baseline", "auto", "tab:blue", "float32"),
+    "bf16_f32_head": Condition("bfloat16", "baseline", "float32", "tab:purple",
+                               "bf16, float32 LM head"),
+    "bf16_mu_center": Condition("bfloat16", "mu_center", "auto", "tab:green", "bf16, μ-centering"),
+    "bf16_mu_loss": Condition("bfloat16", "mu_loss", "auto", "tab:orange", "bf16, μ-loss")}
 LEVELS = (0, 100, 300, 1000, 3000)  # the mean logits L of the `along` shifts
 ORTHO_LEVEL = 1000                  # the `ortho` shift has the length of along L = 1000
 # The base run (train.py's options): experiments/proxy/run.sh's setting at η = 0.3
@@ -65,7 +57,7 @@ def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:  # (B·T, D
 
 
 def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=ORTHO_LEVEL):
-    """{name: c (D,) float64}: none, along{L} for each L, ortho (module docstring)."""
+    """{name: c (D,) float64}: none, along{L} for each L, ortho (the module's docstring)."""
     shifts = {"none": torch.zeros(H.shape[1], dtype=torch.float64)}
     for level in levels:
         shifts[f"along{level:g}"] = analyze.mean_logit_shift(H, W, level)
@@ -95,27 +87,21 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
 
 
 @torch.no_grad()
-def mean_logit(model, H_tokens, amp) -> tuple[float, float]:
-    """(l̄, ‖μ‖) on fixed validation windows: l̄ = μ·h̄ (Lemma 1), in float64."""
+def measure_point(model, val, amp) -> dict:
+    """l̄ = μ·h̄ (float64) and ‖μ‖ on the first validation batch, and the loss over all of val."""
     mu = heads.mean_embedding(model.output_weight.detach()).double()
-    return (hidden_states(model, H_tokens, amp).mean(0) @ mu).item(), mu.norm().item()
-
-
-@torch.no_grad()
-def val_loss(model, val, amp) -> float:
-    """Mean cross-entropy over the validation windows, in the run's own numerics."""
+    logit_mean = (hidden_states(model, val[0][0], amp).mean(0) @ mu).item()
     model.eval()
     with amp:
-        total = sum(model(x, y)[1]["ce"].double() for x, y in val) / len(val)
+        loss = sum(model(x, y)[1]["ce"].double() for x, y in val) / len(val)
     model.train()
-    return total.item()
+    return dict(logit_mean=logit_mean, mu_norm=mu.norm().item(), val_loss=loss.item())
 
 
 def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
                  measure_every: int) -> dict:
-    """Train `model` on `batches` (a list of (x, y)) at the constant lr from optimizer_state
-    (AdamW's moments, or None), in `dtype` ("bfloat16", "float32", or "float64" for a model in
-    float64): the train loss per step, and every measure_every steps l̄, ‖μ‖ and the val loss."""
+    """Train on `batches` at the constant lr from AdamW's moments (or None) in `dtype` ("float64":
+    a model in float64): the loss per step, measure_point's figures every measure_every steps."""
     amp = amp_for(dtype)
     optimizer = train.make_optimizer(model, argparse.Namespace(lr=lr))
     if optimizer_state is not None:
@@ -123,9 +109,7 @@ def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
     curve, losses, batch_iter = [], [], iter(batches)
     for step in range(len(batches) + 1):
         if step % measure_every == 0 or step == len(batches):
-            lbar, mu_norm = mean_logit(model, val[0][0], amp)  # l̄ on the first val batch
-            curve.append(dict(step=step, logit_mean=lbar, mu_norm=mu_norm,
-                              val_loss=val_loss(model, val, amp)))
+            curve.append(dict(step=step, **measure_point(model, val, amp)))
         if step < len(batches):
             losses.append(train.train_step(model, optimizer, lambda: next(batch_iter), lr, 1,
                                            amp).loss.item())
@@ -144,10 +128,8 @@ def val_windows(args):
     return list(data.val_batches(args.data, args.val_tokens, BASE["batch_size"], BASE["seq_len"]))
 
 
-# ── the experiment ────────────────────────────────────────────────────────────────────────────
-
-def train_base(args) -> Path:
-    """The untied bf16 baseline, trained by train.py (resumed if cut off): its ckpt.pt."""
+def train_base(args):
+    """The untied bf16 baseline in work/base, trained by train.py (resumed if cut off)."""
     out = Path(args.work) / "base"
     if not (out / "summary.json").exists():
         command = [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out_dir",
@@ -155,7 +137,6 @@ def train_base(args) -> Path:
                        arg for key, value in BASE.items() for arg in (f"--{key}", str(value)))]
         print("mechanism: training the base run:", " ".join(command[1:]), flush=True)
         subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return out / "ckpt.pt"
 
 
 def cell_path(args, condition: str, shift: str, seed: int) -> Path:
@@ -207,18 +188,16 @@ def run_all(args):
     pending = [job for job in cells if not cell_path(*job).exists()]
     print(f"mechanism: {len(cells)} runs of {args.steps} steps, {len(cells) - len(pending)} done; "
           f"{args.jobs} at once", flush=True)
-    start, spawn = time.perf_counter(), multiprocessing.get_context("spawn")  # one thread each
-    with spawn.Pool(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
-        mapper = pool.imap_unordered if pool else map
-        for finished, name in enumerate(mapper(run_cell, pending), 1):
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:  # one thread each
+        for finished, name in enumerate(pool.imap_unordered(run_cell, pending), 1):
             eta = (time.perf_counter() - start) / finished * (len(pending) - finished)
             print(f"mechanism: {name} ({len(cells) - len(pending) + finished}/{len(cells)}, "
                   f"ETA {eta / 60:.0f} min)", flush=True)
 
 
 def run_rows(cells: list[dict]) -> list[dict]:
-    """One row per continued run, for runs.csv. logit_mean_drift: how far l̄ wandered from its
-    start, the largest |l̄(t) − l̄(0)| over the logged steps."""
+    """runs.csv's rows; logit_mean_drift: the largest |l̄(t) − l̄(0)| over the logged steps."""
     return [dict(condition=c["condition"], shift=c["shift"], seed=c["seed"],
                  logit_mean_start=c["curve"][0]["logit_mean"],
                  logit_mean_end=c["curve"][-1]["logit_mean"],
@@ -232,8 +211,7 @@ def run_rows(cells: list[dict]) -> list[dict]:
 
 def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
     """Per condition and shift: the validation loss minus the same condition's unshifted run's on
-    the same data order, right after the shift (start) and after the continued training (end),
-    as mean, sample std and range over the seeds; drift_mean: logit_mean_drift's mean."""
+    the same data order, at the start and the end, over the seeds (mean, sample std, range)."""
     table = []
     for condition in dict.fromkeys(r["condition"] for r in rows):
         reference = {r["seed"]: r for r in rows
@@ -282,16 +260,14 @@ def write_results(args):
 
 
 def gap_table(gaps: list[dict], args) -> str:
-    """table.md: per numerics and shift, the gap right after the shift, the gap after the
-    continued steps, and how far l̄ wandered (gap_rows)."""
-    conditions = [c for c in STYLE if any(g["condition"] == c for g in gaps)]
+    """table.md: per numerics and shift, the gaps at the start and the end, and l̄'s drift."""
+    conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
     shifts = list(dict.fromkeys(g["shift"] for g in gaps))
     cell = {(g["condition"], g["shift"]): g for g in gaps}
 
     def table(caption: str, number) -> list[str]:
-        return [caption, "", "| numerics | " + " | ".join(map(shift_label, shifts)) + " |",
-                "|---" * (len(shifts) + 1) + "|", *(f"| {STYLE[c][1]} | " + " | ".join(
-                    number(cell[c, s]) for s in shifts) + " |" for c in conditions), ""]
+        return [caption, "", pages.markdown_table([["numerics", *map(shift_label, shifts)], *(
+            [CONDITIONS[c].label, *(number(cell[c, s]) for s in shifts)] for c in conditions)]), ""]
     return "\n".join(
         table("Validation loss right after the shift minus the same numerics' unshifted run "
               "(nats; the forward pass alone, the same for every data order):",
@@ -302,14 +278,6 @@ def gap_table(gaps: list[dict], args) -> str:
         + table("How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
                 "over the logged steps, mean over the data orders:",
                 lambda g: f"{g['drift_mean']:.0f}"))
-
-
-# ── the figures, from the committed results ───────────────────────────────────────────────────
-
-STYLE = {"bf16": ("tab:red", "bf16"), "float32": ("tab:blue", "float32"),  # colour, label
-         "bf16_f32_head": ("tab:purple", "bf16, float32 LM head"),
-         "bf16_mu_center": ("tab:green", "bf16, μ-centering"),
-         "bf16_mu_loss": ("tab:orange", "bf16, μ-loss")}
 
 
 def shift_label(shift: str) -> str:
@@ -326,27 +294,27 @@ def report(out: Path, args):
         raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
     gaps, curves = pages.read_csv(out / "gaps.csv"), pages.read_csv(out / "curves.csv")
     (out / "table.md").write_text(gap_table(gaps, args))
+    print(f"wrote {out / 'table.md'}")
     base = json.loads((out / "base.json").read_text())
     title = (f"untied {BASE['size']} baseline after {base['steps']:,} bf16 steps at "
              f"η = {BASE['lr']:g}, its rows shifted by c, then {max(c['step'] for c in curves):.0f}"
              f" steps at η = {args.lr:g}; {max(g['seeds'] for g in gaps):.0f} data orders")
     plot_gaps(gaps, title, out / "gap_vs_L.png")
     plot_logit_mean(curves, title, out / "logit_mean_steps.png")
-    print(f"mechanism: wrote {out}/table.md, gap_vs_L.png and logit_mean_steps.png")
 
 
 def plot_gaps(gaps: list[dict], title: str, path: Path):
     """The gap after the continued steps per shift, the conditions dodged side by side."""
     shifts = [s for s in dict.fromkeys(g["shift"] for g in gaps) if s != "none"]
-    conditions = [c for c in STYLE if any(g["condition"] == c for g in gaps)]
-    fig = Figure(figsize=(9, 4.6), layout="constrained")  # no pyplot: nothing to display or close
-    ax = fig.subplots()
+    conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
+    fig, ax = analyze.new_axes(figsize=(9, 4.6))
     for i, condition in enumerate(conditions):
         cell = [next(g for g in gaps if (g["condition"], g["shift"]) == (condition, s))
                 for s in shifts]
         ax.errorbar([k + (i - (len(conditions) - 1) / 2) * 0.14 for k in range(len(shifts))],
                     [g["gap_end_mean"] for g in cell], yerr=[g["gap_end_std"] for g in cell],
-                    fmt="o", capsize=2, color=STYLE[condition][0], label=STYLE[condition][1])
+                    fmt="o", capsize=2, color=CONDITIONS[condition].colour,
+                    label=CONDITIONS[condition].label)
     ax.set_xticks(range(len(shifts)), [shift_label(s).replace(", ", "\n") for s in shifts])
     ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
     ax.set_yticks(ticks := (-0.1, 0, 0.1, 1, 10, 100, 1000), [f"{t:g}" for t in ticks])
@@ -356,22 +324,21 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
            ylabel="val loss − the unshifted run's (nats, symlog)")
     ax.set_title(f"{title}\nloss gap after training on, mean ± std over them", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    fig.savefig(path, dpi=110)
+    analyze.save_figure(fig, path)
 
 
 def plot_logit_mean(curves: list[dict], title: str, path: Path):
     """l̄ over the continued steps, mean over the seeds, one panel per shift that moves it."""
     panels = [s for s in ("along300", "along1000", "along3000", "ortho")
               if any(c["shift"] == s for c in curves)]
-    fig = Figure(figsize=(3.3 * len(panels), 3.9), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)
+    fig, axes = analyze.new_axes(1, len(panels), squeeze=False, figsize=(3.3 * len(panels), 3.9))
     for ax, shift in zip(axes[0], panels):
-        for condition, (color, label) in STYLE.items():
+        for condition, (*_, colour, label) in CONDITIONS.items():
             points = [(c["step"], c["logit_mean"]) for c in curves
                       if (c["condition"], c["shift"]) == (condition, shift)]
             steps = sorted({step for step, _ in points})
             ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
-                    marker=".", color=color, label=label)
+                    marker=".", color=colour, label=label)
         ax.set_title(shift_label(shift), fontsize=9)
         if max(abs(c["logit_mean"]) for c in curves if c["shift"] == shift) > 1e4:
             ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
@@ -379,11 +346,11 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
         ax.grid(alpha=0.3)
     fig.suptitle(f"{title}\nmean logit, mean over the data orders", fontsize=9)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center",
-               ncol=len(STYLE), fontsize=8)
-    fig.savefig(path, dpi=110)
+               ncol=len(CONDITIONS), fontsize=8)
+    analyze.save_figure(fig, path)
 
 
-def build_parser():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
@@ -400,11 +367,7 @@ def build_parser():
     a("--val_tokens", type=store.positive_int, default=4096, help="validation tokens scored")
     a("--measure_every", type=store.positive_int, default=25, help="steps between l̄, val loss")
     a("--jobs", type=store.positive_int, default=2, help="runs at once (one core each)")
-    return p
-
-
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     try:
         if not args.from_results:
             store.check_dataset(args.data)  # one whole dataset, before any run starts
