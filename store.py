@@ -189,8 +189,9 @@ def open_atomic(path):
 
 
 class WatchedFile(io.FileIO):
-    """A file that writes all of every buffer (os.write may write a part) and remembers the
-    OSError of a failed write or fsync, to tell it from a library's wrapping of it."""
+    """A file that writes all of every buffer (os.write may write a part); a failed write or
+    fsync raises write_error's WriteError and is kept as `error`, to tell it from a library's
+    wrapping of it."""
     error = None
 
     def write(self, content):
@@ -200,7 +201,7 @@ class WatchedFile(io.FileIO):
                 done += os.write(self.fileno(), view[done:])
         except OSError as err:
             self.error = err
-            raise
+            raise write_error(err, self.name) from None
         return done
 
     def sync(self):
@@ -208,7 +209,7 @@ class WatchedFile(io.FileIO):
             os.fsync(self.fileno())
         except OSError as err:
             self.error = err
-            raise
+            raise write_error(err, self.name) from None
 
 
 def rename(source, target):
