@@ -31,10 +31,8 @@ import data
 import store
 from store import fraction, non_negative_int, positive_int
 
-FINEWEB_DATASETS = {                  # name -> (Hugging Face dataset, train shards it holds)
-    "fineweb10B": ("kjj0/fineweb10B-gpt2", 103),
-    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028),
-}
+FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),  # (Hugging Face dataset,
+                    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028)}  # train shards it holds)
 DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
 DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
 BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)
@@ -56,17 +54,13 @@ def _split_train_val(tokens, val_fraction, align=1):
     n_val = -(-int(np.ceil(val_fraction * len(tokens))) // align) * align
     if min(n_val, len(tokens) - n_val) < 2:           # the loader's least: one input, one target
         raise ValueError(f"{len(tokens)} tokens are too few to split into train and val of at "
-                         f"least 2 tokens each with --val_fraction {val_fraction}; give more "
-                         f"data")
+                         f"least 2 tokens each with --val_fraction {val_fraction}; add text")
     return {"train": tokens[:-n_val], "val": tokens[-n_val:]}
 
 
-# ----------------------------------------------------------------------------- GPT-2 text
 def gpt2_encoding():
-    """tiktoken's GPT-2 encoding (EOT = 50256). tiktoken downloads its two files on first use
-    into TIKTOKEN_CACHE_DIR; where that fails, the copies in tests/assets/gpt2 seed a cache in
-    GPT2_CACHE (tiktoken still checks their sha256), which every later process that names no
-    cache of its own uses: the download is tried, and the fallback said, once."""
+    """tiktoken's GPT-2 encoding (EOT = 50256); where its download fails, the copies shipped in
+    GPT2_SHIPPED seed a cache in GPT2_CACHE, used from then on (the download is tried once)."""
     try:
         import tiktoken  # here, not above: reading shards needs no tokenizer
     except ImportError:
@@ -89,10 +83,9 @@ def gpt2_encoding():
                   f"using the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})",
                   flush=True)
             return tiktoken.get_encoding("gpt2")
-    names = ", ".join(f"{name} as {path.name}" for name, path in zip(GPT2_FILES, seeded))
     raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
-                       f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
-                       f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from failure
+                       f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a folder "
+                       f"as {' and '.join(p.name for p in seeded)}; set TIKTOKEN_CACHE_DIR to it")
 
 
 def _gpt2_cache_name(name):
@@ -101,10 +94,9 @@ def _gpt2_cache_name(name):
 
 
 def text_pieces(text, max_chars=PIECE_CHARS):
-    """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, just before a
-    newline that follows a non-space character. GPT-2's pre-tokenizer regex has no
-    look-behind and no pattern carries letters, digits or punctuation on into whitespace, so
-    a pre-token ends there in the whole text too: the pieces' tokens are the whole's."""
+    """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, before newlines that
+    follow a non-space. GPT-2's pre-tokenizer regex has no look-behind and carries no letter,
+    digit or punctuation on into whitespace, so the pieces' tokens are the whole text's."""
     cuts = [m.start() for m in re.finditer(r"(?<=\S)\n", text)]
     pieces, start = [], 0
     while len(text) - start > max_chars:
@@ -144,8 +136,7 @@ def read_texts(files):
 
 
 def tokenize_texts(texts, workers=None):
-    """All texts as one stream, each one document [EOT] + its tokens, its pieces (text_pieces)
-    tokenized by a pool of processes."""
+    """All texts as one stream of documents [EOT] + tokens, pieces tokenized by a process pool."""
     docs = [text_pieces(text) for text in texts]
     pieces = [piece for doc in docs for piece in doc]
     gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
@@ -161,8 +152,8 @@ def tokenize_texts(texts, workers=None):
 
 def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replace=True,
                  texts=None):
-    """Tokenize text files (`texts`: their text, if read already) into `text_train_*.bin` /
-    `text_val_*.bin` shards, val the last part; replace=False keeps an existing dataset."""
+    """Tokenize text files (`texts`: their text, if read) into `text_{train,val}_*.bin`, val the
+    last part; replace=False keeps an existing dataset (FileExistsError)."""
     texts = texts or read_texts(files)
     t0 = time.perf_counter()
     tokens = tokenize_texts(texts, workers)
@@ -187,8 +178,7 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
             prepare_text(files, folder, val_fraction, workers, replace=False, texts=texts)
     if (store.read_manifest(folder) or {}).get("source", {}).get("key") != key:
         raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
-                         f"{', '.join(map(str, files))} (its manifest records other text); "
-                         f"delete {folder} and run again")
+                         f"{', '.join(map(str, files))}; delete {folder} and run again")
     store.check_dataset(folder)
     return folder
 
@@ -199,8 +189,6 @@ def _text_key(texts, val_fraction):
     return hashlib.sha256(description.encode()).hexdigest()
 
 
-
-# ----------------------------------------------------------------------------- synthetic tasks
 # Each task draws from np.random.default_rng([seed, k]): the matrix (k = 0) and the tokens
 # (k = 1) are independent streams, so the matrix does not depend on --tokens.
 def synthesize_repeat(vocab, n_tokens, seq_len, seed):
@@ -235,11 +223,10 @@ def markov_stationary(P, tol=1e-13):
 
 
 def synthesize_markov(P, n_tokens, seed):
-    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains end to end.
-
-    Each starts from π, so is stationary; every transition but the joins is an exact draw
-    from P. The chains advance together: with the rows' CDFs on one axis as i + cdf[i, j],
-    the next token of a chain at i with uniform u is searchsorted(that axis, i + u) − i·V."""
+    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains end to end, each
+    started from π (stationary; every transition but the joins is a draw from P). They advance
+    together: with the rows' CDFs on one axis as i + cdf[i, j], a chain at i with uniform u
+    moves to searchsorted(that axis, i + u) − i·V."""
     V, rng = len(P), np.random.default_rng([seed, 1])
     n_chains = -(-n_tokens // MARKOV_CHAIN_TOKENS)
     length = -(-n_tokens // n_chains)
@@ -303,11 +290,9 @@ def _npy_bytes(array):
     return buffer.getvalue()
 
 
-# ----------------------------------------------------------------------------- renumbering
 def prepare_renumbered(source_dir, out_dir):
-    """Write source_dir's tokens with the ids its training split uses re-numbered 0 … V′−1, in
-    order, and return V′; val tokens training never uses are dropped (their rows would only be
-    pushed down). renumber_ids.npy keeps each new id's old one, to decode. Held in memory."""
+    """Copy source_dir with the ids its train split uses re-numbered 0 … V′−1 in order (their
+    old ids in renumber_ids.npy) and val tokens it never uses dropped; returns V′."""
     if Path(source_dir).resolve() == Path(out_dir).resolve():
         raise ValueError(f"--out {out_dir} is the source itself; give another folder, the "
                          "source stays as it is")
@@ -331,7 +316,6 @@ def prepare_renumbered(source_dir, out_dir):
     return len(used)
 
 
-# ----------------------------------------------------------------------------- FineWeb download
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
     """Train shards a run of `tokens` training tokens reads, at most all the dataset holds (a
     longer run wraps around): the paper's 13.1B tokens need 132 of FineWeb100B's 1028."""
@@ -339,10 +323,9 @@ def shards_needed(tokens, dataset=DEFAULT_DATASET):
 
 
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder, from
-    base_url, else $FINEWEB_BASE_URL, else Hugging Face. Each shard is recorded in the
-    manifest as it arrives, so the folder is one dataset at every moment; recorded shards of
-    their size are kept, and unrecorded ones (an older prepare.py's) checked and recorded."""
+    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder (from
+    base_url, else $FINEWEB_BASE_URL, else Hugging Face), each recorded in the manifest as it
+    comes; shards already there are kept, unrecorded ones (an older prepare.py's) checked."""
     repo, available = FINEWEB_DATASETS[dataset]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
@@ -351,8 +334,7 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
            or f"https://huggingface.co/datasets/{repo}/resolve/main").rstrip("/")
     folder = store.make_folder(folder)
     store.refuse_foreign_shards(folder, "fineweb")
-    names = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
-                                          for i in range(1, train_shards + 1)]
+    names = [f"fineweb_{'train' if i else 'val'}_{i:06d}.bin" for i in range(train_shards + 1)]
     recorded = (store.read_manifest(folder) or {}).get("files", {})
     source = {"kind": "fineweb", "dataset": dataset}
     for k, name in enumerate(names, 1):
@@ -376,14 +358,9 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
 
 
 def download_shard(url, path, label=""):
-    """Fetch one shard through `path.part`, check it and rename it; returns its manifest entry.
-
-    A transfer that breaks off after some progress resumes by an HTTP Range request, up to
-    DOWNLOAD_RETRIES times. Where the server states the file's sha256 (the hub's
-    X-Linked-Etag, or an ETag of 64 hex digits) the download must match it; a shard that fails
-    a check is deleted, so no half or corrupt file remains under its name."""
-    part = path.with_name(path.name + ".part")
-    expected = None
+    """Fetch one shard through `path.part` (resumed by HTTP Range requests), check its header
+    and the sha256 the server states, and rename it; returns its manifest entry."""
+    part, expected = path.with_name(path.name + ".part"), None
     for attempt in range(DOWNLOAD_RETRIES + 1):
         have = _size(part)
         try:
@@ -402,8 +379,6 @@ def download_shard(url, path, label=""):
                            f"to resume it from {part}")
     try:
         n, entry = data.shard_length(part), store.file_entry(part, shard=True)
-        if total is not None and entry["bytes"] != total:
-            raise ValueError(f"{part} has {entry['bytes']} bytes but the server announced {total}")
         if expected and entry["sha256"] != expected:
             raise ValueError(f"its sha256 differs from the {expected} the server announced")
     except ValueError as err:
@@ -421,7 +396,6 @@ def _size(path):
 
 class _RecordRedirects(urllib.request.HTTPRedirectHandler):
     """Keeps the headers of each redirect: the hub states an LFS file's sha256 on its 302."""
-
     def __init__(self):
         self.headers = []
 
@@ -431,8 +405,7 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def _transfer(url, part, have, label):
-    """Append url's bytes from offset `have` to `part`, printing progress; returns (the full
-    size if known, the sha256 the server states or None)."""
+    """Append url's bytes from `have` on to `part`; returns (full size, sha256 stated), or None."""
     request = urllib.request.Request(url, headers={"User-Agent": "prepare.py"})
     if have:
         request.add_header("Range", f"bytes={have}-")
@@ -470,8 +443,7 @@ def _transfer(url, part, have, label):
 
 
 def _resumed_total(url, headers, have):
-    """The full size from a 206 reply's `Content-Range: bytes START-END/TOTAL`, after
-    checking that START is where the part file ends; ValueError if it is not."""
+    """TOTAL of a 206 reply's `Content-Range: bytes START-END/TOTAL` whose START is `have`."""
     match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", headers.get("Content-Range", "").strip())
     if match is None or int(match[1]) != have:
         raise ValueError(f"{url} answered a request for its bytes from {have} with Content-Range "
@@ -504,7 +476,6 @@ def _download_error(url, err):
                         f"then `python train.py --data DIR`")
 
 
-# ----------------------------------------------------------------------------- command line
 def folder_name(text):
     """An argparse type: a non-empty folder name (an empty one would mean the current folder)."""
     if not text.strip():
@@ -518,26 +489,22 @@ def parse_args(argv=None):
     f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
     f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)
     f.add_argument("--out", type=folder_name, help="output folder (default data/DATASET)")
-    f.add_argument("--base_url",
-                   help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
-    t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
+    f.add_argument("--base_url", help=f"download location (default ${BASE_URL_ENV}, else HF)")
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", type=folder_name, required=True)
+    t = sub.add_parser("text", parents=[out], help="tokenize UTF-8 text files, a document each")
     t.add_argument("files", nargs="+")
-    t.add_argument("--out", type=folder_name, required=True)
     t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
-    t.add_argument("--workers", type=positive_int, default=None,
-                   help="processes (default: all cores)")
-    s = sub.add_parser("synthetic", help="generate a synthetic language")
+    t.add_argument("--workers", type=positive_int, help="processes (default: all cores)")
+    s = sub.add_parser("synthetic", parents=[out], help="generate a synthetic language")
     s.add_argument("--task", choices=["repeat", "markov"], required=True)
     s.add_argument("--vocab", type=positive_int, required=True)
     s.add_argument("--tokens", type=positive_int, required=True)
-    s.add_argument("--out", type=folder_name, required=True)
     s.add_argument("--seed", type=non_negative_int, default=0)
-    s.add_argument("--seq_len", type=positive_int, default=64,
-                   help="sequence length (use train.py's)")
+    s.add_argument("--seq_len", type=positive_int, default=64, help="use train.py's")
     s.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
-    r = sub.add_parser("renumber", help="re-number a dataset to the token ids training uses")
+    r = sub.add_parser("renumber", parents=[out], help="re-number to the ids training uses")
     r.add_argument("source", type=folder_name, help="a dataset folder")
-    r.add_argument("--out", type=folder_name, required=True)
     return p.parse_args(argv)
 
 
