@@ -1,8 +1,5 @@
-"""A dataset as a unit, checked whole and written whole; the project's atomic writes.
-
-A dataset is a folder of data.py shards plus `manifest.json`, written last, with every file's
-size, sha256 and (a shard's) largest token id: README "Data" says what is refused and how a
-dataset is replaced. The command lines' number types live here too (`python store.py --help`):
+"""A dataset (data.py shards and a manifest) checked whole and written whole, as README "Data"
+describes; the project's atomic writes and command-line number types (`python store.py --help`):
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
@@ -25,15 +22,14 @@ import numpy as np
 
 import data
 
-MANIFEST = "manifest.json"            # the dataset's file list; written last
+MANIFEST = "manifest.json"            # each file's bytes, sha256 (and max_token); written last
 INCOMPLETE = "INCOMPLETE"             # present while write_dataset replaces a dataset in place
 HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on every check
 
 
 def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
-    """Verify the folder as one dataset (hashing its files if it is ≤ hash_bytes) and return its
-    fingerprint: a hash of the files' names, sizes and recorded sha256s (sizes alone with no
-    manifest), so a resumed run compares content, not paths, hashed now or not."""
+    """Verify the folder as one dataset (hashing it if ≤ hash_bytes); returns a fingerprint of its
+    files' names, sizes and recorded sha256s (sizes alone with no manifest): content, not paths."""
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
         raise ValueError(f"{folder} was left half-written by an interrupted prepare.py; run the "
@@ -98,8 +94,7 @@ def write_manifest(folder, source, names=None, known=None):
     if names is None:
         names = {p.name for p in shard_files(folder)} | {n for n in old if (folder / n).is_file()}
     entries = {n: e for n, e in old.items() if (folder / n).is_file() and
-               (folder / n).stat().st_size == e["bytes"] and _complete(n, e)}
-    entries.update(known or {})
+               (folder / n).stat().st_size == e["bytes"] and _complete(n, e)} | (known or {})
     files = {name: entries.get(name) or file_entry(folder / name) for name in sorted(names)}
     write_atomic(folder / MANIFEST, json.dumps({"files": files, "source": source}, indent=1))
 
@@ -115,7 +110,7 @@ def file_entry(path, shard=None):
         while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
             digest.update(block)
             tokens = block[max(0, data.HEADER_BYTES - size):]
-            if tokens:
+            if len(tokens) > 1:                       # an odd last byte is no token
                 top = max(top, int(np.frombuffer(tokens[:len(tokens) // 2 * 2], "<u2").max()))
             size += len(block)
     entry = {"bytes": size, "sha256": digest.hexdigest()}
@@ -148,8 +143,7 @@ def write_atomic(path, content):
 @contextlib.contextmanager
 def open_atomic(path):
     """A binary file that becomes `path` (temporary name, fsync, rename, fsync of the folder)
-    only when the block ends without an error; a failed write is a WriteError naming `path`,
-    also when a library such as torch.save wraps the OSError in its own."""
+    only when the block ends without an error; a failed write raises a WriteError naming path."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -233,9 +227,8 @@ def make_folder(path):
 
 
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
-    """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards of ≤ SHARD_TOKENS, plus
-    `extras` {name: bytes}, as one dataset; returns the shard paths. replace=False keeps an
-    existing dataset (FileExistsError) and waits for a concurrent writer (else refused)."""
+    """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards and `extras` {name: bytes}
+    as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         fresh = not any(out_dir.iterdir())
@@ -301,7 +294,6 @@ def refuse_foreign_shards(out_dir, prefix):
 
 def _staging_folder(parent, name):
     """A new folder `.{name}.{pid}.{random}.staging` in parent; those of killed writers go."""
-    make_folder(parent)
     for old in parent.glob(f".{name}.*.staging"):
         with contextlib.suppress(PermissionError, ValueError):  # another user's; not a pid
             try:
@@ -314,8 +306,7 @@ def _staging_folder(parent, name):
 def _swap_in(staging, out_dir, names, prefix):
     """Marker written, new files renamed over the old (stale ones removed), manifest, marker
     removed: a failure before this leaves the old dataset whole, a kill during it the marker."""
-    write_atomic(out_dir / INCOMPLETE, "prepare.py is replacing this dataset; if this file "
-                                       "stays, the replacement was interrupted: run it again\n")
+    write_atomic(out_dir / INCOMPLETE, "prepare.py was replacing this dataset: run it again\n")
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for name in names:
         rename(staging / name, out_dir / name)
