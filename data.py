@@ -7,16 +7,10 @@ elsewhere work as they are:
     bytes 1024‥    n tokens, little-endian uint16
 
 A split is the sorted `*train*.bin` (or `*val*.bin`) shards of a folder. `ShardLoader` cuts
-them into (B, T) batches x and y = x shifted by one token, in one of two orders:
-
-- sequential: the split read once per epoch, in order; the ranks of one step read disjoint,
-  adjacent blocks, together exactly what one process with W times the batch reads;
-- random (the paper's code): every batch is B random windows of one random shard, drawn
-  from a stream of its own per (seed, rank, batch number).
-
-Either way the loader's position is a dict of ints (`state_dict`), so a resumed run draws
-exactly the batches the uninterrupted run would have. Imports nothing of its project (torch
-and numpy only); what makes a folder one dataset (a manifest, writing it whole) is store.py's.
+them into (B, T) batches x and y = x shifted by one token, in order or at random (the paper's
+code), from a position of ints (`state_dict`): a resumed run draws exactly the batches the
+uninterrupted run would have. Imports nothing of its project (torch and numpy only); what
+makes a folder one dataset (a manifest, writing it whole) is store.py's.
 """
 from pathlib import Path
 
@@ -35,9 +29,8 @@ PREPARE_HINT = ("`python prepare.py fineweb --shards 8 --out {dir}` (GPT-2 FineW
 
 # ----------------------------------------------------------------------------- shard format
 def write_shard(path, tokens):
-    """Write tokens (ints in [0, 65535]) as one shard. Not atomic by itself: a write cut short
-    leaves a file shorter than its header says, which shard_length refuses (store.py writes
-    whole datasets in a staging folder)."""
+    """Write tokens (ints in [0, 65535]) as one shard; not atomic, but a write cut short fails
+    shard_length (store.py writes whole datasets in a staging folder)."""
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() > 65535):
         raise ValueError(f"token ids must lie in [0, 65535] to fit a uint16 shard, "
@@ -107,11 +100,11 @@ def shard_paths(data_dir, split):
 class ShardLoader:
     """Batches (x, y) of int64 CPU tensors (B, T) from a split's shards, memory-mapped.
 
-    sequential: step s reads, for rank r, the block tokens[p + r·B·T : p + r·B·T + B·T + 1]
-    of the current shard, p the step's global position; row b is the (T+1)-token window at
-    b·T of that block, x = window[:-1], y = window[1:]. After the step p ← p + W·B·T. When
-    the next step's W·B·T + 1 tokens do not fit, the loader moves to the next shard at p = 0
-    (the tail is skipped), after the last shard back to the first (epoch + 1).
+    sequential: rank r reads the block tokens[p + r·B·T : p + r·B·T + B·T + 1] of the shard, p
+    the step's global position (W ranks read what one process with W·B rows would); row b is
+    the (T+1)-token window at b·T, x = window[:-1], y = window[1:]; then p ← p + W·B·T. When
+    the next W·B·T + 1 tokens do not fit, the loader moves to the next shard at p = 0 (the
+    tail is skipped), after the last back to the first (epoch + 1).
 
     random: batch k of rank r draws, from numpy's generator seeded with (seed, r, k), one
     shard with probability ∝ its n − T window starts (uniform over equal shards, as the
@@ -121,8 +114,7 @@ class ShardLoader:
     def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train",
                  order="sequential", seed=0):
         if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"batch_size and seq_len must be ≥ 1, "
-                             f"got {batch_size} and {seq_len}")
+            raise ValueError(f"batch_size and seq_len must be ≥ 1, got {batch_size} and {seq_len}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         if order not in ORDERS:

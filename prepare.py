@@ -1,20 +1,12 @@
-"""Making token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
+"""Token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
 
-Every source ends as a dataset folder of data.py shards written whole by store.py, so
-train.py reads them all alike (`python prepare.py --help`):
+Each source ends as a dataset folder of data.py shards that store.py writes whole, so train.py
+reads them all alike (README "Data" says how each is made; `python prepare.py --help`):
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
     python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
     python prepare.py synthetic --task markov --vocab 64 --tokens 10000000 --out data/markov
     python prepare.py renumber data/shakespeare --out data/shakespeare_dense
-
-- fineweb: pre-tokenized shards, each checked (and its sha256 where the server states it)
-  before it joins the dataset; broken transfers resume.
-- text: each file one document, [EOT] + its GPT-2 tokens; the last --val_fraction is val.
-  `python train.py --data FILES` tokenizes them once into a cache (`text_dataset`).
-- synthetic: `repeat` (one token repeated a sequence) and `markov` (a random chain whose
-  entropy rate, the best reachable loss, is stored with it).
-- renumber: the ids training uses re-numbered 0 … V′−1, so every output row is trained.
 """
 import argparse
 import contextlib
@@ -39,11 +31,8 @@ import data
 import store
 from store import fraction, non_negative_int, positive_int
 
-# ----------------------------------------------------------------------------- defaults
-FINEWEB_DATASETS = {                  # name -> (Hugging Face dataset, train shards it holds)
-    "fineweb10B": ("kjj0/fineweb10B-gpt2", 103),
-    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028),
-}
+FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),  # (Hugging Face dataset,
+                    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028)}  # train shards it holds)
 DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
 DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
 BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)
@@ -60,49 +49,43 @@ GPT2_SHIPPED = Path(__file__).resolve().parent / "tests" / "assets" / "gpt2"  # 
 GPT2_CACHE = Path(__file__).resolve().parent / "data" / "tiktoken"  # seeded from them offline
 
 
-# ----------------------------------------------------------------------------- train / val
 def _split_train_val(tokens, val_fraction, align=1):
-    """Train = the first part, val = the last ⌈val_fraction·n⌉ tokens (rounded to `align`)."""
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"--val_fraction must lie strictly between 0 and 1, got {val_fraction}")
+    """Train = the first part, val = the last ⌈val_fraction·n⌉ tokens (rounded up to `align`)."""
     n_val = -(-int(np.ceil(val_fraction * len(tokens))) // align) * align
     if min(n_val, len(tokens) - n_val) < 2:           # the loader's least: one input, one target
         raise ValueError(f"{len(tokens)} tokens are too few to split into train and val of at "
-                         f"least 2 tokens each with --val_fraction {val_fraction}; provide "
-                         f"more data")
+                         f"least 2 tokens each with --val_fraction {val_fraction}; add text")
     return {"train": tokens[:-n_val], "val": tokens[-n_val:]}
 
 
-# ----------------------------------------------------------------------------- GPT-2 text
 def gpt2_encoding():
-    """tiktoken's GPT-2 encoding (50257 tokens, <|endoftext|> = EOT = 50256).
-
-    tiktoken (imported here: reading shards needs no tokenizer) downloads vocab.bpe and
-    encoder.json on first use into TIKTOKEN_CACHE_DIR, under the sha1 of their URL. Where that
-    fails (offline), the byte-identical copies in tests/assets/gpt2 seed such a cache in
-    GPT2_CACHE (tiktoken still checks their sha256), and one line says so. A process that
-    names no cache of its own uses that seeded one from then on: the download is tried once."""
+    """tiktoken's GPT-2 encoding (EOT = 50256); where its download fails, the copies shipped in
+    GPT2_SHIPPED seed a cache in GPT2_CACHE, used from then on (the download is tried once)."""
     try:
-        import tiktoken
+        import tiktoken  # here, not above: reading shards needs no tokenizer
     except ImportError:
         raise RuntimeError("tokenizing text needs tiktoken, which is not installed; "
                            "run `pip install tiktoken`") from None
-    if "TIKTOKEN_CACHE_DIR" not in os.environ and \
-            all((GPT2_CACHE / _gpt2_cache_name(name)).is_file() for name in GPT2_FILES):
+    seeded = [GPT2_CACHE / _gpt2_cache_name(name) for name in GPT2_FILES]
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and all(path.is_file() for path in seeded):
         os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)  # inherited by tokenizer workers
     try:
         return tiktoken.get_encoding("gpt2")
-    except Exception as err:  # tiktoken raises requests' or its own errors; all mean the same
+    except Exception as err:  # tiktoken raises requests' errors or its own; all mean the same
         failure = err
-    if _seed_gpt2_cache():
-        print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); using "
-              f"the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})", flush=True)
-        with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # no shipped copy, an unwritable folder, still failing
+        if os.environ.get("TIKTOKEN_CACHE_DIR") != str(GPT2_CACHE):  # not tried yet
+            GPT2_CACHE.mkdir(parents=True, exist_ok=True)
+            for name, path in zip(GPT2_FILES, seeded):
+                shutil.copyfile(GPT2_SHIPPED / name, path)
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)
+            print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); "
+                  f"using the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})",
+                  flush=True)
             return tiktoken.get_encoding("gpt2")
-    names = ", ".join(f"{name} as {_gpt2_cache_name(name)}" for name in GPT2_FILES)
     raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
-                       f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a "
-                       f"folder ({names}) and set TIKTOKEN_CACHE_DIR to it") from failure
+                       f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a folder "
+                       f"as {' and '.join(p.name for p in seeded)}; set TIKTOKEN_CACHE_DIR to it")
 
 
 def _gpt2_cache_name(name):
@@ -110,27 +93,10 @@ def _gpt2_cache_name(name):
     return hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()
 
 
-def _seed_gpt2_cache():
-    """Copy the shipped GPT-2 files into GPT2_CACHE and point TIKTOKEN_CACHE_DIR at it; False
-    when there is nothing new to try (no shipped copy, the cache in use, or not writable)."""
-    if os.environ.get("TIKTOKEN_CACHE_DIR") == str(GPT2_CACHE) or \
-            not all((GPT2_SHIPPED / name).is_file() for name in GPT2_FILES):
-        return False
-    try:
-        GPT2_CACHE.mkdir(parents=True, exist_ok=True)
-        for name in GPT2_FILES:
-            shutil.copyfile(GPT2_SHIPPED / name, GPT2_CACHE / _gpt2_cache_name(name))
-    except OSError:
-        return False
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)
-    return True
-
-
 def text_pieces(text, max_chars=PIECE_CHARS):
-    """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, just before a
-    newline that follows a non-space character. GPT-2's pre-tokenizer regex has no
-    look-behind and no pattern carries letters, digits or punctuation on into whitespace, so
-    a pre-token ends there in the whole text too: the pieces' tokens are the whole's."""
+    """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, before newlines that
+    follow a non-space. GPT-2's pre-tokenizer regex has no look-behind and carries no letter,
+    digit or punctuation on into whitespace, so the pieces' tokens are the whole text's."""
     cuts = [m.start() for m in re.finditer(r"(?<=\S)\n", text)]
     pieces, start = [], 0
     while len(text) - start > max_chars:
@@ -151,15 +117,14 @@ def _encode_piece(text):
 
 
 def read_texts(files):
-    """The files' text (UTF-8), each checked to exist and to hold more than whitespace."""
+    """The files' UTF-8 text, each checked to be a file holding more than whitespace."""
     texts = []
-    for f in files:
-        path = Path(f)
-        if path.exists() and not path.is_file():
+    for path in map(Path, files):
+        if not path.is_file():
+            if not path.exists():
+                raise FileNotFoundError(f"text file {path} does not exist; check the path")
             kind = "a folder" if path.is_dir() else "not a regular file (a device or a pipe)"
             raise ValueError(f"{path} is {kind}; give text files")
-        if not path.is_file():
-            raise FileNotFoundError(f"text file {path} does not exist; check the path")
         try:
             texts.append(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as err:
@@ -171,60 +136,25 @@ def read_texts(files):
 
 
 def tokenize_texts(texts, workers=None):
-    """All texts as one stream, each one document [EOT] + its tokens, its pieces (text_pieces)
-    tokenized by a pool of processes."""
-    pieces, starts = [], []                # starts[k]: is pieces[k] the first of a document?
-    for text in texts:
-        doc = text_pieces(text)
-        pieces += doc
-        starts += [True] + [False] * (len(doc) - 1)
+    """All texts as one stream of documents [EOT] + tokens, pieces tokenized by a process pool."""
+    docs = [text_pieces(text) for text in texts]
+    pieces = [piece for doc in docs for piece in doc]
     gpt2_encoding()  # fail here, once, with the clear message if the vocabulary is missing
     workers = min(workers or os.cpu_count() or 1, len(pieces))
     if workers > 1:
         with multiprocessing.get_context().Pool(workers) as pool:
-            encoded = pool.map(_encode_piece, pieces, chunksize=1)
+            encoded = iter(pool.map(_encode_piece, pieces, chunksize=1))
     else:
-        encoded = [_encode_piece(p) for p in pieces]
+        encoded = map(_encode_piece, pieces)
     eot = np.array([data.EOT], dtype=np.uint16)
-    return np.concatenate([part for first, toks in zip(starts, encoded)
-                           for part in ((eot, toks) if first else (toks,))])
+    return np.concatenate([part for doc in docs for part in [eot] + [next(encoded) for _ in doc]])
 
 
-def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None):
-    """Tokenize text files into `text_train_*.bin` / `text_val_*.bin` (val = the last part)."""
-    texts = read_texts(files)
-    return _write_text_dataset(files, texts, out_dir, val_fraction, workers)
-
-
-def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
-    """The shard folder of these text files, `cache_root/{first stem}-{key}`: tokenized on
-    first use, reused after. The key hashes the texts, the tokenizer and val_fraction, so
-    edited text gets a new folder (and fingerprint); a folder whose manifest records another
-    key than its name is refused."""
-    texts = read_texts(files)
-    key = _text_key(texts, val_fraction)
-    folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
-    if not (folder / store.MANIFEST).exists():  # new, or another run is writing it now
-        try:
-            _write_text_dataset(files, texts, folder, val_fraction, workers, replace=False)
-        except FileExistsError:
-            pass                               # a concurrent run wrote the same folder
-    recorded = (store.read_manifest(folder) or {}).get("source", {}).get("key")
-    if recorded != key:
-        raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
-                         f"{', '.join(map(str, files))} (its manifest records other text); "
-                         f"delete {folder} and run again")
-    store.check_dataset(folder)
-    return folder
-
-
-def _text_key(texts, val_fraction):
-    digests = [hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts]
-    description = json.dumps({"texts": digests, "tokenizer": "gpt2", "val_fraction": val_fraction})
-    return hashlib.sha256(description.encode()).hexdigest()
-
-
-def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=True):
+def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replace=True,
+                 texts=None):
+    """Tokenize text files (`texts`: their text, if read) into `text_{train,val}_*.bin`, val the
+    last part; replace=False keeps an existing dataset (FileExistsError)."""
+    texts = texts or read_texts(files)
     t0 = time.perf_counter()
     tokens = tokenize_texts(texts, workers)
     seconds = time.perf_counter() - t0
@@ -237,21 +167,36 @@ def _write_text_dataset(files, texts, out_dir, val_fraction, workers, replace=Tr
     return written
 
 
-# ----------------------------------------------------------------------------- synthetic tasks
-def _synthetic_rng(seed, stream):
-    """Independent streams per (seed, purpose), so the matrix ignores --tokens."""
-    return np.random.default_rng([seed, stream])
+def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
+    """The shard folder of these text files, `cache_root/{first stem}-{key}`: tokenized on
+    first use, reused after; the key hashes the texts, the tokenizer and val_fraction."""
+    texts = read_texts(files)
+    key = _text_key(texts, val_fraction)
+    folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
+    if not (folder / store.MANIFEST).exists():  # new, or another run is writing it now
+        with contextlib.suppress(FileExistsError):  # a concurrent run wrote the same folder
+            prepare_text(files, folder, val_fraction, workers, replace=False, texts=texts)
+    if (store.read_manifest(folder) or {}).get("source", {}).get("key") != key:
+        raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
+                         f"{', '.join(map(str, files))}; delete {folder} and run again")
+    store.check_dataset(folder)
+    return folder
 
 
+def _text_key(texts, val_fraction):
+    digests = [hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts]
+    description = json.dumps({"texts": digests, "tokenizer": "gpt2", "val_fraction": val_fraction})
+    return hashlib.sha256(description.encode()).hexdigest()
+
+
+# Each task draws from np.random.default_rng([seed, k]): the matrix (k = 0) and the tokens
+# (k = 1) are independent streams, so the matrix does not depend on --tokens.
 def synthesize_repeat(vocab, n_tokens, seq_len, seed):
-    """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT: the
-    gradient-bottleneck study's trivial pattern, P(y = x) = 1 inside a sequence. With
-    train.py's --seq_len the same, each row is one sequence whose last target starts the
-    next; a causal model with RoPE (no absolute positions) cannot single out that position,
-    so its floor is the best constant prediction's loss, above 0 (analyze.py derives it)."""
-    choices = np.arange(vocab)
-    choices = choices[choices != data.EOT]
-    firsts = _synthetic_rng(seed, 1).choice(choices, size=n_tokens // seq_len)
+    """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT:
+    P(y = x) = 1 inside a sequence. With RoPE a model cannot single out a row's last target
+    (the next sequence's token), so its floor is one constant prediction's loss (analyze.py)."""
+    choices = np.setdiff1d(np.arange(vocab), [data.EOT])
+    firsts = np.random.default_rng([seed, 1]).choice(choices, size=n_tokens // seq_len)
     return np.repeat(firsts.astype(np.uint16), seq_len)      # 2 bytes per token, no more
 
 
@@ -262,7 +207,7 @@ def markov_transition(vocab, seed):
     if not 2 <= vocab <= MARKOV_MAX_VOCAB:
         raise ValueError(f"the markov task needs 2 ≤ --vocab ≤ {MARKOV_MAX_VOCAB} "
                          f"(its V×V matrix is stored), got {vocab}")
-    P = _synthetic_rng(seed, 0).dirichlet(np.full(vocab, MARKOV_ALPHA), size=vocab)
+    P = np.random.default_rng([seed, 0]).dirichlet(np.full(vocab, MARKOV_ALPHA), size=vocab)
     return P / P.sum(axis=1, keepdims=True)
 
 
@@ -277,32 +222,22 @@ def markov_stationary(P, tol=1e-13):
     return nxt / nxt.sum()
 
 
-def markov_entropy_rate(P, pi):
-    """H = −Σᵢ πᵢ Σⱼ Pᵢⱼ ln Pᵢⱼ nats: the lowest cross-entropy any model can reach."""
-    return float(-(pi[:, None] * P * np.log(P)).sum())
-
-
 def synthesize_markov(P, n_tokens, seed):
-    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains end to end.
-
-    Each starts from π, so is stationary; every transition but the joins is an exact draw
-    from P. The chains advance together: with the rows' CDFs on one axis as i + cdf[i, j],
-    the next token of a chain at i with uniform u is searchsorted(that axis, i + u) − i·V."""
-    V = len(P)
-    rng = _synthetic_rng(seed, 1)
+    """n_tokens of the chain P, as ⌈n/MARKOV_CHAIN_TOKENS⌉ independent chains end to end, each
+    started from π (stationary; every transition but the joins is a draw from P). They advance
+    together: with the rows' CDFs on one axis as i + cdf[i, j], a chain at i with uniform u
+    moves to searchsorted(that axis, i + u) − i·V."""
+    V, rng = len(P), np.random.default_rng([seed, 1])
     n_chains = -(-n_tokens // MARKOV_CHAIN_TOKENS)
     length = -(-n_tokens // n_chains)
     cdf = np.cumsum(P, axis=1)
     cdf[:, -1] = 1.0                                      # guard against rounding below 1
     axis = (cdf + np.arange(V)[:, None]).ravel()
     out = np.empty((n_chains, length), dtype=np.uint16)
-    cur = rng.choice(V, size=n_chains, p=markov_stationary(P))
-    out[:, 0] = cur
+    out[:, 0] = cur = rng.choice(V, size=n_chains, p=markov_stationary(P))
     for t in range(1, length):
-        u = rng.random(n_chains)
-        cur = np.searchsorted(axis, cur + u, side="right") - cur * V
-        cur = np.minimum(cur, V - 1)                      # u ≈ 1 rounding guard
-        out[:, t] = cur
+        cur = np.searchsorted(axis, cur + rng.random(n_chains), side="right") - cur * V
+        out[:, t] = cur = np.minimum(cur, V - 1)          # u ≈ 1 rounding guard
     return out.ravel()[:n_tokens]
 
 
@@ -316,16 +251,16 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
                          f"--seq_len ({seq_len}) tokens")
     n_tokens -= n_tokens % seq_len                        # whole sequences only
     _refuse_too_large(n_tokens, out_dir)
-    extras = {}
     if task == "repeat":
-        tokens = synthesize_repeat(vocab, n_tokens, seq_len, seed)
+        tokens, extras = synthesize_repeat(vocab, n_tokens, seq_len, seed), {}
         summary = "the next token is the current one except at each sequence's end"
     elif task == "markov":
         P = markov_transition(vocab, seed)
         pi = markov_stationary(P)
         tokens = synthesize_markov(P, n_tokens, seed)
         extras = {"markov_transition.npy": _npy_bytes(P), "markov_stationary.npy": _npy_bytes(pi)}
-        summary = f"entropy rate (best possible loss) {markov_entropy_rate(P, pi):.4f} nats"
+        rate = -(pi[:, None] * P * np.log(P)).sum()      # H = −Σᵢ πᵢ Σⱼ Pᵢⱼ ln Pᵢⱼ nats
+        summary = f"entropy rate (best possible loss) {rate:.4f} nats"
     else:
         raise ValueError(f"unknown synthetic task {task!r}; choose 'repeat' or 'markov'")
     source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
@@ -339,13 +274,11 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
 
 def _refuse_too_large(n_tokens, out_dir):
     """One sentence instead of a MemoryError: the tokens take 2 bytes each in memory and disk."""
-    need = 2 * n_tokens
+    need, out = 2 * n_tokens, Path(out_dir).resolve()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    disk = Path(out_dir).resolve()
-    while not disk.exists():
-        disk = disk.parent
+    disk = next(folder for folder in (out, *out.parents) if folder.exists())
     free = shutil.disk_usage(disk).free
-    if need > memory or need > free:
+    if need > min(memory, free):
         raise ValueError(f"--tokens {n_tokens:,} needs about {need / 2**30:,.1f} GiB of memory "
                          f"and as much disk, but this machine has {memory / 2**30:,.1f} GiB of "
                          f"memory and {free / 2**30:,.1f} GiB free on {disk}; ask for fewer")
@@ -357,11 +290,9 @@ def _npy_bytes(array):
     return buffer.getvalue()
 
 
-# ----------------------------------------------------------------------------- renumbering
 def prepare_renumbered(source_dir, out_dir):
-    """Write source_dir's tokens with the ids its training split uses re-numbered 0 … V′−1, in
-    order, and return V′; val tokens training never uses are dropped (their rows would only be
-    pushed down). renumber_ids.npy keeps each new id's old one, to decode. Held in memory."""
+    """Copy source_dir with the ids its train split uses re-numbered 0 … V′−1 in order (their
+    old ids in renumber_ids.npy) and val tokens it never uses dropped; returns V′."""
     if Path(source_dir).resolve() == Path(out_dir).resolve():
         raise ValueError(f"--out {out_dir} is the source itself; give another folder, the "
                          "source stays as it is")
@@ -385,7 +316,6 @@ def prepare_renumbered(source_dir, out_dir):
     return len(used)
 
 
-# ----------------------------------------------------------------------------- FineWeb download
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
     """Train shards a run of `tokens` training tokens reads, at most all the dataset holds (a
     longer run wraps around): the paper's 13.1B tokens need 132 of FineWeb100B's 1028."""
@@ -393,62 +323,44 @@ def shards_needed(tokens, dataset=DEFAULT_DATASET):
 
 
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder, from
-    base_url, else $FINEWEB_BASE_URL, else Hugging Face.
-
-    Shards the manifest records with their size are kept; shards there but not recorded (an
-    older prepare.py's) are validated and recorded; every other one is downloaded
-    (download_shard) and recorded at once, so the folder is one dataset at every moment."""
-    if dataset not in FINEWEB_DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; "
-                         f"choose one of {', '.join(FINEWEB_DATASETS)}")
-    url = (base_url or os.environ.get(BASE_URL_ENV) or f"https://huggingface.co/datasets/"
-           f"{FINEWEB_DATASETS[dataset][0]}/resolve/main").rstrip("/")
-    available = FINEWEB_DATASETS[dataset][1]
+    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder (from
+    base_url, else $FINEWEB_BASE_URL, else Hugging Face), each recorded in the manifest as it
+    comes; shards already there are kept, unrecorded ones (an older prepare.py's) checked."""
+    repo, available = FINEWEB_DATASETS[dataset]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
                          f"not {train_shards}")
+    url = (base_url or os.environ.get(BASE_URL_ENV)
+           or f"https://huggingface.co/datasets/{repo}/resolve/main").rstrip("/")
     folder = store.make_folder(folder)
     store.refuse_foreign_shards(folder, "fineweb")
-    names = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin"
-                                          for i in range(1, train_shards + 1)]
+    names = [f"fineweb_{'train' if i else 'val'}_{i:06d}.bin" for i in range(train_shards + 1)]
     recorded = (store.read_manifest(folder) or {}).get("files", {})
     source = {"kind": "fineweb", "dataset": dataset}
     for k, name in enumerate(names, 1):
         path, label, entry = folder / name, f"[{k}/{len(names)}] {name}", recorded.get(name)
         if entry and path.is_file() and path.stat().st_size == entry["bytes"]:
             continue
-        if path.is_file() and entry is None and _valid_shard(path):
-            print(f"{label}: already here, recorded in the manifest")
-            store.write_manifest(folder, source)
-        else:
-            entry = download_shard(f"{url}/{name}", path, label=label)
-            store.write_manifest(folder, source, known={name: entry})
+        if entry is None and path.is_file():
+            try:
+                data.shard_length(path)
+            except ValueError:
+                path.unlink()                  # a bad complete file: fetch it again
+            else:
+                print(f"{label}: already here, recorded in the manifest")
+                store.write_manifest(folder, source)
+                continue
+        entry = download_shard(f"{url}/{name}", path, label=label)
+        store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
     return [folder / name for name in names]
 
 
-def _valid_shard(path):
-    try:
-        data.shard_length(path)
-        return True
-    except ValueError:
-        path.unlink()                          # a bad complete file: fetch it again
-        return False
-
-
 def download_shard(url, path, label=""):
-    """Fetch one shard through `path.part`, validate it and rename it; returns its manifest
-    entry (store.file_entry).
-
-    A transfer that breaks off after making progress is resumed with an HTTP Range request,
-    up to DOWNLOAD_RETRIES times; a 206 reply must continue exactly where the part file ends
-    (its Content-Range). Where the server states the file's sha256 (the Hugging Face hub's
-    X-Linked-Etag, or an ETag of 64 hex digits) the download must match it. A shard that
-    fails validation is deleted, so no half or corrupt file remains under its name."""
-    part = path.with_name(path.name + ".part")
-    expected = None
+    """Fetch one shard through `path.part` (resumed by HTTP Range requests), check its header
+    and the sha256 the server states, and rename it; returns its manifest entry."""
+    part, expected = path.with_name(path.name + ".part"), None
     for attempt in range(DOWNLOAD_RETRIES + 1):
         have = _size(part)
         try:
@@ -467,8 +379,6 @@ def download_shard(url, path, label=""):
                            f"to resume it from {part}")
     try:
         n, entry = data.shard_length(part), store.file_entry(part, shard=True)
-        if total is not None and entry["bytes"] != total:
-            raise ValueError(f"{part} has {entry['bytes']} bytes but the server announced {total}")
         if expected and entry["sha256"] != expected:
             raise ValueError(f"its sha256 differs from the {expected} the server announced")
     except ValueError as err:
@@ -486,7 +396,6 @@ def _size(path):
 
 class _RecordRedirects(urllib.request.HTTPRedirectHandler):
     """Keeps the headers of each redirect: the hub states an LFS file's sha256 on its 302."""
-
     def __init__(self):
         self.headers = []
 
@@ -496,8 +405,7 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def _transfer(url, part, have, label):
-    """Append url's bytes from offset `have` to `part`, printing progress; returns (the full
-    size if known, the sha256 the server states or None)."""
+    """Append url's bytes from `have` on to `part`; returns (full size, sha256 stated), or None."""
     request = urllib.request.Request(url, headers={"User-Agent": "prepare.py"})
     if have:
         request.add_header("Range", f"bytes={have}-")
@@ -514,8 +422,8 @@ def _transfer(url, part, have, label):
         length = response.headers.get("Content-Length")
         total = _resumed_total(url, response.headers, have) if resumed else \
             None if length is None else int(length)
-        done = have if resumed else 0
-        t0, last, start = time.perf_counter(), 0.0, done
+        done = start = have if resumed else 0
+        t0, last = time.perf_counter(), 0.0
         try:
             f = store.WatchedFile(part, "ab" if resumed else "wb")
         except OSError as err:
@@ -523,29 +431,23 @@ def _transfer(url, part, have, label):
         with f:
             try:
                 while chunk := response.read(1 << 20):
-                    f.write(chunk)
+                    f.write(chunk)             # a full disk: store.WriteError, not retried
                     done += len(chunk)
                     now = time.perf_counter() - t0
                     if now - last > 0.5 or done == total:
                         last = now
                         _print_progress(label, done, total, (done - start) / max(now, 1e-9))
-            except OSError:                    # the disk's, or the network's (retried)
-                if f.error is not None:
-                    raise store.write_error(f.error, part) from None
-                raise
             finally:
                 print()
     return total, announced
 
 
 def _resumed_total(url, headers, have):
-    """The full size from a 206 reply's `Content-Range: bytes START-END/TOTAL`, after
-    checking that START is where the part file ends; ValueError if it is not."""
+    """TOTAL of a 206 reply's `Content-Range: bytes START-END/TOTAL` whose START is `have`."""
     match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", headers.get("Content-Range", "").strip())
     if match is None or int(match[1]) != have:
-        raise ValueError(f"{url} answered a request for its bytes from {have} with "
-                         f"Content-Range {headers.get('Content-Range')!r}; the reply was refused "
-                         f"(the part file is kept): run again, or use another --base_url")
+        raise ValueError(f"{url} answered a request for its bytes from {have} with Content-Range "
+                         f"{headers.get('Content-Range')!r}; run again, or use another --base_url")
     return int(match[3]) if match[3] != "*" else None
 
 
@@ -574,7 +476,6 @@ def _download_error(url, err):
                         f"then `python train.py --data DIR`")
 
 
-# ----------------------------------------------------------------------------- command line
 def folder_name(text):
     """An argparse type: a non-empty folder name (an empty one would mean the current folder)."""
     if not text.strip():
@@ -588,26 +489,22 @@ def parse_args(argv=None):
     f.add_argument("--shards", type=positive_int, default=8, help="train shards of 100M tokens")
     f.add_argument("--dataset", choices=list(FINEWEB_DATASETS), default=DEFAULT_DATASET)
     f.add_argument("--out", type=folder_name, help="output folder (default data/DATASET)")
-    f.add_argument("--base_url",
-                   help=f"download location (default ${BASE_URL_ENV}, else Hugging Face)")
-    t = sub.add_parser("text", help="tokenize UTF-8 text files (one document per file)")
+    f.add_argument("--base_url", help=f"download location (default ${BASE_URL_ENV}, else HF)")
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", type=folder_name, required=True)
+    t = sub.add_parser("text", parents=[out], help="tokenize UTF-8 text files, a document each")
     t.add_argument("files", nargs="+")
-    t.add_argument("--out", type=folder_name, required=True)
     t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
-    t.add_argument("--workers", type=positive_int, default=None,
-                   help="processes (default: all cores)")
-    s = sub.add_parser("synthetic", help="generate a synthetic language")
+    t.add_argument("--workers", type=positive_int, help="processes (default: all cores)")
+    s = sub.add_parser("synthetic", parents=[out], help="generate a synthetic language")
     s.add_argument("--task", choices=["repeat", "markov"], required=True)
     s.add_argument("--vocab", type=positive_int, required=True)
     s.add_argument("--tokens", type=positive_int, required=True)
-    s.add_argument("--out", type=folder_name, required=True)
     s.add_argument("--seed", type=non_negative_int, default=0)
-    s.add_argument("--seq_len", type=positive_int, default=64,
-                   help="sequence length (use train.py's)")
+    s.add_argument("--seq_len", type=positive_int, default=64, help="use train.py's")
     s.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)
-    r = sub.add_parser("renumber", help="re-number a dataset to the token ids training uses")
+    r = sub.add_parser("renumber", parents=[out], help="re-number to the ids training uses")
     r.add_argument("source", type=folder_name, help="a dataset folder")
-    r.add_argument("--out", type=folder_name, required=True)
     return p.parse_args(argv)
 
 

@@ -1,11 +1,5 @@
-"""A dataset as a unit: checked whole, written whole; and the project's atomic writes.
-
-A dataset is a folder of data.py shards plus `manifest.json`, written last, which records
-every file's size and sha256 (and each shard's largest token id), so a reader tells a whole
-dataset from a mixed or half-written one (`check_dataset`); a new one is written beside the
-old and swapped in (`write_dataset`). Every file of the project that must never be half
-written goes through `write_atomic` / `open_atomic`; every command line's number types
-(positive_int, …) are defined here once (`python store.py --help`):
+"""A dataset (data.py shards and a manifest) checked whole and written whole, as README "Data"
+describes; the project's atomic writes and command-line number types (`python store.py --help`):
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
@@ -28,25 +22,18 @@ import numpy as np
 
 import data
 
-MANIFEST = "manifest.json"            # the dataset's file list; written last
+MANIFEST = "manifest.json"            # each file's bytes, sha256 (and max_token); written last
 INCOMPLETE = "INCOMPLETE"             # present while write_dataset replaces a dataset in place
 HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on every check
 
 
-# ----------------------------------------------------------------------------- checking
 def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
-    """Verify the folder as one dataset and return its fingerprint; ValueError (no shards:
-    FileNotFoundError) in one sentence otherwise.
-
-    No INCOMPLETE marker; every shard's header fits its length; with a manifest, every shard
-    is in it and every file it names is there with its size, and its sha256 when the dataset
-    is ≤ hash_bytes (hashing FineWeb at every start takes minutes: `store.py check` hashes
-    all). The fingerprint hashes the names, sizes and recorded sha256s (sizes alone without a
-    manifest), so --resume compares content, not paths, whether or not it was hashed now."""
+    """Verify the folder as one dataset (hashing it if ≤ hash_bytes); returns a fingerprint of its
+    files' names, sizes and recorded sha256s (sizes alone with no manifest): content, not paths."""
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
-        raise ValueError(f"{folder} was left half-written by an interrupted prepare.py (it still "
-                         f"holds {INCOMPLETE}); run the prepare.py command that made it again")
+        raise ValueError(f"{folder} was left half-written by an interrupted prepare.py; run the "
+                         f"prepare.py command that made it again")
     shards = data.shard_paths(folder, "train") + data.shard_paths(folder, "val")
     for path in shards:
         data.shard_length(path)
@@ -54,31 +41,26 @@ def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
     files = {p.name: {"bytes": p.stat().st_size, "sha256": None} for p in shards}
     if manifest is not None:
         files = manifest["files"]
-        _refuse_mixed(folder, shards, files, sum(e["bytes"] for e in files.values()) <= hash_bytes)
+        hash_all = sum(e["bytes"] for e in files.values()) <= hash_bytes
+        for path in sorted(set(shards) | {folder / name for name in files}):
+            entry = files.get(path.name)
+            size = path.stat().st_size if path.is_file() else None
+            if entry is None:
+                problem = f"is not named in {folder / MANIFEST}"
+            elif size != entry["bytes"]:
+                found = "is missing" if size is None else f"has {size} bytes"
+                problem = f"{found}, but the manifest records {entry['bytes']} bytes"
+            elif hash_all and file_entry(path)["sha256"] != entry["sha256"]:
+                problem = "differs from the file the manifest records (sha256 mismatch)"
+            else:
+                continue
+            raise ValueError(f"{path} {problem}, so the folder mixes datasets; prepare it again")
     listing = sorted((name, e["bytes"], e["sha256"]) for name, e in files.items())
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def _refuse_mixed(folder, shards, files, hash_all):
-    for path in shards:
-        if path.name not in files:
-            raise ValueError(f"{path} is not named in {folder / MANIFEST}, so the folder mixes "
-                             f"datasets; remove it or prepare the data again")
-    for name, entry in files.items():
-        path = folder / name
-        size = path.stat().st_size if path.is_file() else None
-        if size != entry["bytes"]:
-            found = "is missing" if size is None else f"has {size} bytes"
-            raise ValueError(f"{path} {found}, but the manifest records {entry['bytes']} bytes, "
-                             f"so the folder mixes datasets; prepare the data again")
-        if hash_all and file_entry(path)["sha256"] != entry["sha256"]:
-            raise ValueError(f"{path} differs from the file the manifest records (sha256 "
-                             f"mismatch), so the folder mixes datasets; prepare the data again")
-
-
 def check_vocab(folder, vocab_size):
-    """ValueError if a shard of the dataset holds a token id ≥ vocab_size. Each shard's
-    largest id is its manifest's record (prepare.py and `check` write it), else read whole."""
+    """ValueError if a shard holds a token id ≥ vocab_size: the manifest's record, else read."""
     files = (read_manifest(folder) or {"files": {}})["files"]
     for path in shard_files(folder):
         top = files.get(path.name, {}).get("max_token")
@@ -105,16 +87,14 @@ def read_manifest(folder):
 
 
 def write_manifest(folder, source, names=None, known=None):
-    """Record the files `names` (default: the shards, and what the old manifest names that is
-    still there) with their entries; complete old ones of the same size, and `known` ones
-    ({name: entry}), are not read again, so one more FineWeb shard costs one read."""
+    """Record the files `names` (default: the shards and the old manifest's files still there);
+    old complete entries of the same size, and `known` ones {name: entry}, are not read again."""
     folder = Path(folder)
     old = (read_manifest(folder) or {}).get("files", {})
     if names is None:
         names = {p.name for p in shard_files(folder)} | {n for n in old if (folder / n).is_file()}
     entries = {n: e for n, e in old.items() if (folder / n).is_file() and
-               (folder / n).stat().st_size == e["bytes"] and _complete(n, e)}
-    entries.update(known or {})
+               (folder / n).stat().st_size == e["bytes"] and _complete(n, e)} | (known or {})
     files = {name: entries.get(name) or file_entry(folder / name) for name in sorted(names)}
     write_atomic(folder / MANIFEST, json.dumps({"files": files, "source": source}, indent=1))
 
@@ -124,14 +104,13 @@ def _complete(name, entry):
 
 
 def file_entry(path, shard=None):
-    """A manifest entry from one read of the file: its size, its sha256 and, for a shard (by
-    default a `.bin`), its largest token id, which the vocabulary check then need not read."""
+    """{bytes, sha256} from one read of the file, and for a shard (a .bin unless told) max_token."""
     digest, top, size = hashlib.sha256(), -1, 0
     with open(path, "rb") as f:
         while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
             digest.update(block)
             tokens = block[max(0, data.HEADER_BYTES - size):]
-            if tokens:
+            if len(tokens) > 1:                       # an odd last byte is no token
                 top = max(top, int(np.frombuffer(tokens[:len(tokens) // 2 * 2], "<u2").max()))
             size += len(block)
     entry = {"bytes": size, "sha256": digest.hexdigest()}
@@ -147,7 +126,6 @@ def shard_files(folder):
     return sorted(paths)
 
 
-# ----------------------------------------------------------------------------- safe writes
 class WriteError(OSError):
     """A file could not be written; the message is one sentence that names it."""
 
@@ -164,12 +142,8 @@ def write_atomic(path, content):
 
 @contextlib.contextmanager
 def open_atomic(path):
-    """A binary file that becomes `path` only when the block ends without an error.
-
-    It is written under a unique temporary name in the same folder, fsynced, renamed over
-    `path`, and the folder fsynced: after a crash `path` holds the old or the new content.
-    On any error the temporary file is removed; an OSError while writing becomes a one-sentence
-    WriteError (DiskFullError), also when a library such as torch.save wraps it in its own."""
+    """A binary file that becomes `path` (temporary name, fsync, rename, fsync of the folder)
+    only when the block ends without an error; a failed write raises a WriteError naming path."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -189,8 +163,8 @@ def open_atomic(path):
 
 
 class WatchedFile(io.FileIO):
-    """A file that writes all of every buffer (os.write may write a part) and remembers the
-    OSError of a failed write or fsync, to tell it from a library's wrapping of it."""
+    """A file that writes all of every buffer (os.write may write a part); a failed write or
+    fsync is raised as a WriteError and kept as `error` (a library may wrap the WriteError)."""
     error = None
 
     def write(self, content):
@@ -200,7 +174,7 @@ class WatchedFile(io.FileIO):
                 done += os.write(self.fileno(), view[done:])
         except OSError as err:
             self.error = err
-            raise
+            raise write_error(err, self.name) from None
         return done
 
     def sync(self):
@@ -208,7 +182,7 @@ class WatchedFile(io.FileIO):
             os.fsync(self.fileno())
         except OSError as err:
             self.error = err
-            raise
+            raise write_error(err, self.name) from None
 
 
 def rename(source, target):
@@ -231,9 +205,7 @@ def _fsync_folder(folder):
 def write_error(err, path):
     """The one-sentence WriteError (or DiskFullError) for an OSError while writing path."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        mount = Path(path).resolve().parent
-        while not mount.exists() or not os.path.ismount(mount):
-            mount = mount.parent
+        mount = next(p for p in Path(path).resolve().parents if os.path.ismount(p))
         error = DiskFullError(f"the disk is full: could not write {path} "
                               f"({shutil.disk_usage(mount).free:,} bytes free on {mount})")
     else:
@@ -254,16 +226,9 @@ def make_folder(path):
     return path
 
 
-# ----------------------------------------------------------------------------- writing a dataset
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
-    """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards of ≤ SHARD_TOKENS each,
-    plus `extras` {name: bytes}, as one unit with its manifest; returns the shard paths.
-
-    All is written into a staging folder that then replaces an empty out_dir in one rename,
-    or an existing dataset under an INCOMPLETE marker (_swap_in). Another source's shards in
-    out_dir are refused; replace=False keeps an existing dataset (FileExistsError). One
-    writer holds out_dir at a time (an flock): a second is refused, or with replace=False
-    waits and then finds the dataset there."""
+    """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards and `extras` {name: bytes}
+    as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         fresh = not any(out_dir.iterdir())
@@ -275,8 +240,8 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
         try:
             names = _write_files(staging, prefix, splits, extras or {})
             write_manifest(staging, source, names)
-            if fresh:
-                _rename_fresh(staging, out_dir)
+            if fresh:                          # the lock keeps other writers out of out_dir
+                rename(staging, out_dir)
             else:
                 _swap_in(staging, out_dir, names, prefix)
         except BaseException:
@@ -287,8 +252,7 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
 
 @contextlib.contextmanager
 def _writer_lock(folder, wait):
-    """An exclusive flock on the folder itself (no lock file is left behind), taken again
-    if a fresh write renamed another folder over this path meanwhile."""
+    """An exclusive flock on the folder itself (no lock file), retaken if it was renamed over."""
     while True:
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -318,8 +282,7 @@ def _write_files(folder, prefix, splits, extras):
                 raise write_error(err, folder / names[-1]) from None
     for name, content in extras.items():
         write_atomic(folder / name, content)
-        names.append(name)
-    return names
+    return names + list(extras)
 
 
 def refuse_foreign_shards(out_dir, prefix):
@@ -330,38 +293,20 @@ def refuse_foreign_shards(out_dir, prefix):
 
 
 def _staging_folder(parent, name):
-    """A new folder `.{name}.{pid}.{random}.staging` in parent, after removing those of
-    processes that no longer run (killed writers; signal 0 only asks whether one exists)."""
-    make_folder(parent)
+    """A new folder `.{name}.{pid}.{random}.staging` in parent; those of killed writers go."""
     for old in parent.glob(f".{name}.*.staging"):
-        pid = old.name.rsplit(".", 3)[-3]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(old, ignore_errors=True)
-        except PermissionError:                # it runs, as another user
-            pass
+        with contextlib.suppress(PermissionError, ValueError):  # another user's; not a pid
+            try:
+                os.kill(int(old.name.rsplit(".", 3)[-3]), 0)  # signal 0: does the writer run?
+            except ProcessLookupError:
+                shutil.rmtree(old, ignore_errors=True)
     return make_folder(parent / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staging")
-
-
-def _rename_fresh(staging, out_dir):
-    try:
-        os.rename(staging, out_dir)
-    except OSError as err:                     # another writer of the same dataset was first
-        if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            raise FileExistsError(f"{out_dir} was written by another process meanwhile; "
-                                  f"run the command again") from None
-        raise write_error(err, out_dir) from None
-    _fsync_folder(out_dir.parent)
 
 
 def _swap_in(staging, out_dir, names, prefix):
     """Marker written, new files renamed over the old (stale ones removed), manifest, marker
     removed: a failure before this leaves the old dataset whole, a kill during it the marker."""
-    write_atomic(out_dir / INCOMPLETE, "prepare.py is replacing this dataset; if this file "
-                                       "stays, the replacement was interrupted: run it again\n")
+    write_atomic(out_dir / INCOMPLETE, "prepare.py was replacing this dataset: run it again\n")
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for name in names:
         rename(staging / name, out_dir / name)
@@ -373,7 +318,6 @@ def _swap_in(staging, out_dir, names, prefix):
     staging.rmdir()
 
 
-# ----------------------------------------------------------------------------- command line
 def _number(kind, rule, test):
     """An argparse type: kind(text) that passes test, else one sentence giving the rule."""
     def parse(text):
@@ -395,8 +339,7 @@ fraction = _number(float, "a number strictly between 0 and 1", lambda v: 0 < v <
 
 
 def command_parser(doc):
-    """A parser of subcommands, described by doc's first paragraph; its `python …` lines are
-    the examples. Returns (parser, subparsers)."""
+    """(parser, subparsers): described by doc's first paragraph, its `python …` lines examples."""
     examples = [line for line in doc.splitlines() if line.lstrip().startswith("python ")]
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 epilog="examples:\n" + "\n".join(examples),
@@ -419,10 +362,7 @@ def parse_args(argv=None):
 
 
 def check_command(folder):
-    """`store.py check`: verify the folder and every hash; write its manifest if it has none,
-    and each shard's largest token id where the manifest lacks it (an older prepare.py's)."""
-    if not Path(folder).is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder; give a dataset folder")
+    """`store.py check`: verify every hash; record a missing manifest or largest token ids."""
     manifest = read_manifest(folder)
     check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
     if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
