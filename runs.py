@@ -61,7 +61,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return action.help if unset else super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # the README's "Training" says more
     p = argparse.ArgumentParser(description="One training run with the recipe of the paper's "
                                 "App. A, on one process or many (torchrun DDP).",
                                 formatter_class=HelpFormatter, epilog=EXAMPLE)
@@ -79,8 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warmup", type=non_negative_int, default=None, help="warmup steps (default: 5%% of them)")
     a("--min_lr", type=non_negative_float, default=1e-5, help="end of the cosine decay")
     a("--batch_size", type=positive_int, default=64, help="sequences per step, all processes")
-    a("--micro_batch", type=positive_int, default=None, help="sequences per forward and process "
-      "(default: the most ≤ 16 dividing its batch)")
+    a("--micro_batch", type=positive_int, default=None, help="sequences per forward, process")
     a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
     a = (group := p.add_argument_group("data and run folder")).add_argument
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
@@ -90,29 +89,22 @@ def build_parser() -> argparse.ArgumentParser:
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
-    a("--keep_every", type=non_negative_int, default=0, help="keep the weights every N steps "
-      "too, in ckpt_step{step:07d}.pt; 0 = never")
+    a("--keep_every", type=non_negative_int, default=0, help="keep ckpt_step*.pt; 0 = never")
     a("--stop_at", type=non_negative_int, default=0, help="end after this step as if killed")
     a = p.add_argument_group("measurement").add_argument
-    a("--eval_every", type=non_negative_int, default=5000, help="steps between validation "
-      "losses, and at the end; 0 = only at the end")
-    a("--eval_tokens", type=positive_int, default=65_536_000, help="val tokens per evaluation "
-      "(paper's code: 2000 iters × 16 × 2048)")
-    a("--stat_tokens", type=positive_int, default=STAT_TOKENS, help="val tokens of the final "
-      "logit statistics")
+    a("--eval_every", type=non_negative_int, default=5000, help="steps between val losses")
+    a("--eval_tokens", type=positive_int, default=65_536_000, help="val tokens per evaluation")
+    a("--stat_tokens", type=positive_int, default=STAT_TOKENS, help="val tokens of the stats")
     a("--log_every", type=positive_int, default=10, help="steps between log lines")
     a = p.add_argument_group("device").add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul "
-      "(auto: --dtype's; float32 under a bf16 body)")
-    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model "
-      "(default: on CUDA)")
+    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul")
+    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (default: CUDA)")
     a("--tf32", action="store_true", help="TensorFloat-32 matmuls for what stays float32 (CUDA)")
-    a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the LM "
-      "head's loss, without the N×V logits (fused_loss.py); 0 = heads.py's plain path "
-      "(default: the device's fastest exact path, fused_loss.DEFAULT_CHUNK)")
+    a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the fused "
+      "LM-head loss (fused_loss.py); 0 = heads.py's plain path (default: the device's fastest)")
     tokens = math.prod(map(p.get_default, ("steps", "batch_size", "seq_len")))
     gigabytes = ((prepare.shards_needed(tokens) + 1)  # and the val shard
                  * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9)
@@ -435,11 +427,9 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"it, or choose another --out_dir")
     if not files:
         return True
-    try:  # is_file: not a pipe, whose read would block forever
-        recorded = json.loads((out / "config.json").read_text()) \
-            if (out / "config.json").is_file() else None
-    except (OSError, ValueError):
-        recorded = None
+    recorded, path = None, out / "config.json"
+    with contextlib.suppress(OSError, ValueError):  # is_file: not a pipe, whose read blocks
+        recorded = json.loads(path.read_text()) if path.is_file() else None
     if not isinstance(recorded, dict):
         fail(f"{out} holds {', '.join(files[:4])} but no config.json of train.py, so it is not "
              f"a run to resume; choose another --out_dir")
@@ -500,11 +490,6 @@ def trim_log(path: Path, last_step: int):
     store.write_atomic(path, "".join(kept))
 
 
-def save(obj: dict, path: Path):
-    with store.open_atomic(path) as f:  # a unique temporary file, fsynced, renamed
-        torch.save(obj, f)
-
-
 def save_checkpoint(out: Path, model: GPT, optimizer, loader, step: int, config: dict,
                     init_loss: float, train_time: float):
     """ckpt.pt: what --resume needs, weights_only-loadable; the unwrapped model's weights, so
@@ -512,14 +497,15 @@ def save_checkpoint(out: Path, model: GPT, optimizer, loader, step: int, config:
     device = model.output_weight.device
     rng = {"torch": torch.get_rng_state(),
            **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
-    save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-          "loader": loader.state_dict(), "rng": rng, "config": config, "init_loss": init_loss,
-          "train_time_s": train_time}, out / "ckpt.pt")
+    with store.open_atomic(out / "ckpt.pt") as f:  # a unique temporary file, fsynced, renamed
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                    "loader": loader.state_dict(), "rng": rng, "config": config,
+                    "init_loss": init_loss, "train_time_s": train_time}, f)
 
 
 def save_snapshot(out: Path, model: GPT, step: int, config: dict):  # for analyze.py's curves
-    save({"model": model.state_dict(), "step": step, "config": config},
-         out / f"ckpt_step{step:07d}.pt")
+    with store.open_atomic(out / f"ckpt_step{step:07d}.pt") as f:
+        torch.save({"model": model.state_dict(), "step": step, "config": config}, f)
 
 
 def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
@@ -680,9 +666,8 @@ class Run:
 
 @contextlib.contextmanager
 def setup(args, ctx: Dist, say, build_model, make_optimizer):
-    """Everything before step 1, in the run folder that rank 0 locks until the block ends: the
-    data, the folder's checks, build_model(args) and make_optimizer(model, args) (restored with
-    --resume), the CPU threads, config.json. Yields the Run; None if --resume finds it finished."""
+    """Everything before step 1, in the run folder rank 0 locks until the block ends, with
+    build_model(args) and make_optimizer(model, args); yields the Run (None: it is finished)."""
     out = Path(args.out_dir)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download
