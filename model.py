@@ -9,9 +9,10 @@ input embedding itself with `tie=True`. Logits and loss are the LM head's (heads
 W, so every head variant sees the same decoder.
 
 Init: the paper's Table 4, or its code where they differ. Linear weights Xavier normal, std =
-√(2 / (fan_in + fan_out)); input embedding N(0, 1/√D); the attention output projection
-N(0, 0.02/√(2L)) (nanoGPT's c_proj rule); with tying, the output embedding's Xavier init runs
-last: the shared matrix starts with std √(2 / (V + D)).
+√(2 / (fan_in + fan_out)), untruncated; input embedding N(0, 1/√D); the attention output
+projection N(0, 0.02/√(2L)) (nanoGPT's c_proj rule; SwiGLU's down-projection keeps Xavier);
+with tying, the output embedding's Xavier init runs last: the shared matrix starts with std
+√(2 / (V + D)).
 """
 import math
 from dataclasses import dataclass, fields
