@@ -5,18 +5,14 @@
     Attention: causal, per-head qk-LayerNorm, RoPE on half of each head's dimensions.
 
 No linear layer or LayerNorm has a bias. The output embedding W (V×D) is its own matrix, or the
-input embedding itself with `tie=True`. Logits and loss are the LM head's (heads.py): it gets h
-and W, so every head variant sees the same decoder, and train.py calls `head.after_step(W)`.
+input embedding itself with `tie=True`. Logits and loss are the LM head's (heads.py), given h and
+W, so every head variant sees the same decoder.
 
-Init: the paper's Table 4, or its code (github.com/flxst/output-embedding-centering, nanoGPT/
-model.py) where they differ. Linear weights Xavier normal, std = √(2 / (fan_in + fan_out)),
-untruncated; input embedding N(0, 1/√D); the attention output projection N(0, 0.02/√(2L))
-(nanoGPT's c_proj rule; SwiGLU's down-projection keeps Xavier); with tying, the output
-embedding's Xavier init runs last: the shared matrix starts with std √(2 / (V + D)).
-
-Example:
-    gpt = model.GPT(model.config_for("16M", tie=True), heads.build("mu_center"))
-    loss, stats = gpt(idx, targets)        # idx, targets: (B, T) long, targets -1 = ignore
+Init: the paper's Table 4, or its code where they differ. Linear weights Xavier normal, std =
+√(2 / (fan_in + fan_out)), untruncated; input embedding N(0, 1/√D); the attention output
+projection N(0, 0.02/√(2L)) (nanoGPT's c_proj rule; SwiGLU's down-projection keeps Xavier);
+with tying, the output embedding's Xavier init runs last: the shared matrix starts with std
+√(2 / (V + D)).
 """
 import math
 from dataclasses import dataclass, fields
@@ -55,8 +51,7 @@ class GPTConfig:
 
     def __post_init__(self):  # one sentence for a field that builds no model
         for name in ("vocab_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value := getattr(self, name), int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
         if self.n_embd % (4 * self.n_head):
             raise ValueError(f"n_embd={self.n_embd} must be a multiple of 4·n_head="
@@ -87,11 +82,10 @@ def rope_tables(rot_dim: int, n_pos: int, base: float = ROPE_BASE):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first r = 2·cos.size(-1) features of x (…, T, hd); the rest pass unchanged.
-    Adjacent pairs (x₂ᵢ, x₂ᵢ₊₁) turn by the angle φ(t, i):
+    """Rotate the first r = 2·cos.size(-1) features of x (…, T, hd) in adjacent pairs by φ(t, i)
+    (the paper's code: rotary-embedding-torch with dim = hd/2); the rest pass unchanged:
         x₂ᵢ' = x₂ᵢ·cos φ − x₂ᵢ₊₁·sin φ,    x₂ᵢ₊₁' = x₂ᵢ·sin φ + x₂ᵢ₊₁·cos φ.
-    R(φ_m)ᵀR(φ_n) = R(φ_n − φ_m), so q'·k' depends on the positions only through n − m. Half the
-    dimensions, adjacent pairs: the paper's code (rotary-embedding-torch with dim = hd/2)."""
+    R(φ_m)ᵀR(φ_n) = R(φ_n − φ_m), so q'·k' depends on the positions only through n − m."""
     rot_dim = 2 * cos.size(-1)
     rotated, passed = x[..., :rot_dim], x[..., rot_dim:]
     even, odd = rotated.unflatten(-1, (-1, 2)).unbind(-1)
@@ -166,8 +160,7 @@ class GPT(nn.Module):
         """The V×D output embedding W (row i is token i's eᵢ); the input embedding when tied."""
         return self.wte.weight if self.config.tie else self.out_embedding
 
-    def reset_parameters(self):
-        """The init of the module docstring; the order matters where tying shares a tensor."""
+    def reset_parameters(self):  # the module docstring's init; with tying, the order matters
         L, D = self.config.n_layer, self.config.n_embd
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -175,8 +168,7 @@ class GPT(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
         nn.init.normal_(self.wte.weight, mean=0.0, std=1 / math.sqrt(D))
-        # Paper's code: the head's Xavier init comes after the embedding's; with tying it wins.
-        nn.init.xavier_normal_(self.output_weight)
+        nn.init.xavier_normal_(self.output_weight)  # after wte's: with tying it wins
         for block in self.blocks:  # paper's code: GPT-2's scaled init for the attention c_proj
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * L))
 
@@ -198,8 +190,7 @@ class GPT(nn.Module):
         return self.head(h, self.output_weight, targets)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters, each once; non_embedding leaves out the input embedding unless it is tied
-        (the size labels' convention)."""
+        """Parameters, each once; non_embedding: less the untied input embedding (as labelled)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         if non_embedding and not self.config.tie:
             n -= self.wte.weight.numel()
@@ -207,23 +198,19 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> int:
         """Forward + backward FLOPs per token, for MFU: 6·N + 12·L·D·T. N: the weights of matrix
-        products (every linear layer and the V×D head; the embedding is a lookup, elementwise ops
-        are ignored), 2 FLOPs each forward and 4 backward. Attention's q·kᵀ and weighted sum over
-        T positions cost 2·T·D each forward, ×3 with backward, per layer; T = seq_len counts the
-        full square (PaLM App. B), though causal kernels skip half."""
+        products (the linear layers and the V×D head; elementwise ops ignored), 2 FLOPs each
+        forward and 4 backward; attention's q·kᵀ and weighted sum cost 2·T·D each forward, ×3
+        with backward, per layer, over the full square (PaLM App. B)."""
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         n_matmul += self.output_weight.numel()
         return 6 * n_matmul + 12 * self.config.n_layer * self.config.n_embd * seq_len
 
 
-# ---------------------------------------------------------------------------------------------
 # Runs of train.py: a model from a run's settings, and its checkpoints
 
 def from_config(config: dict) -> GPT:
-    """The untrained GPT of a run's settings (train.py's option names: size, and optionally
-    vocab_size, tie, seq_len, head, lam, cap, head_dtype; others ignored), drawn from torch's
-    global generator (seed it first). block_size is max(2048, seq_len): RoPE tables stay out of
-    the state_dict, so it also takes longer sequences. ValueError for settings of no model."""
+    """The untrained GPT of a run's settings (train.py's options; seed torch first), with
+    block_size max(2048, seq_len) (RoPE tables stay out of the state_dict). Else ValueError."""
     if not isinstance(config, dict) or "size" not in config:
         raise ValueError(f"a model's settings must be a dict of train.py's options with at "
                          f"least 'size', got {type(config).__name__}.")
@@ -239,10 +226,8 @@ def from_config(config: dict) -> GPT:
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """A checkpoint of train.py (ckpt.pt or a ckpt_step*.pt snapshot): a dict with at least
-    "model" (the state_dict), "config" (the run's settings, see from_config) and "step", loaded
-    with weights_only=True so that a crafted file cannot run code. FileNotFoundError for a
-    missing file, ValueError (one sentence) for any other that is not one."""
+    """train.py's ckpt.pt or ckpt_step*.pt: a dict with at least model, config and step, loaded
+    weights_only so that a crafted file runs no code; else FileNotFoundError or ValueError."""
     if not (path := Path(path)).is_file():
         raise FileNotFoundError(f"{path} is not a file; pass a checkpoint written by train.py "
                                 f"(RUN/ckpt.pt or RUN/ckpt_step*.pt).")
@@ -250,12 +235,10 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # unpickling fails in many types; all mean "not a usable file"
         raise ValueError(f"{path} cannot be read as a checkpoint of train.py "
-                         f"({type(err).__name__}): it is corrupt, truncated, or holds objects "
-                         f"that could run code.") from None
+                         f"({type(err).__name__}): corrupt, truncated, or unsafe.") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)
             and isinstance(ckpt.get("step"), int)):
-        raise ValueError(f"{path} is not a checkpoint of train.py (it lacks the weights or the "
-                         f"step).")
+        raise ValueError(f"{path} is not a checkpoint of train.py (it lacks the weights or step).")
     if not isinstance(ckpt.get("config"), dict):
         raise ValueError(f"{path} has no run settings (its 'config' is "
                          f"{type(ckpt.get('config')).__name__}), so its model cannot be rebuilt.")
@@ -263,16 +246,14 @@ def load_checkpoint(path, map_location="cpu") -> dict:
 
 
 def _check_tokens(idx: torch.Tensor, config: GPTConfig) -> None:
-    """Bad input in one sentence, not a shape error deep inside a layer: shape and length always,
-    the id range on CPU only (on a GPU it costs a host sync and breaks the compiled graph;
-    train.py checks its shards' ids once, store.check_vocab)."""
+    """Bad input in one sentence, not deep inside a layer; the id range on CPU only (on a GPU it
+    costs a host sync and breaks the graph: train.py checks its shards once, store.check_vocab)."""
     if idx.dim() != 2 or idx.numel() == 0:
         raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
                          f"got shape {tuple(idx.shape)}.")
     if idx.size(1) > config.block_size:
         raise ValueError(f"sequence length {idx.size(1)} exceeds block_size "
-                         f"{config.block_size}; pass at most {config.block_size} tokens or "
-                         f"build the model with a larger block_size.")
+                         f"{config.block_size}; pass fewer tokens or build a larger block_size.")
     if idx.device.type == "cpu" and not torch.compiler.is_compiling():
         lo, hi = torch.stack(idx.aminmax()).tolist()
         if lo < 0 or hi >= config.vocab_size:

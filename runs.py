@@ -1,6 +1,5 @@
-"""train.py's plumbing: the command line and its checks, the device and torchrun's processes,
-the data, the run folder (its lock, its files, checkpoints), the console line, the setup."""
-import argparse
+"""train.py's plumbing: the device, the processes, the data, the run folder (its lock, files and
+checkpoints), the console line, and the setup before step 1. Its command line: options.py."""
 import contextlib
 import fcntl
 import json
@@ -19,155 +18,34 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
-import heads
 import prepare
 import store
-from model import GPT, SIZES, load_checkpoint
-from store import non_negative_float, non_negative_int, positive_float, positive_int
+from model import GPT, load_checkpoint
 
-WARMUP_SHARE = 20          # default --warmup = --steps / 20: the paper's 5,000 of 100,000
 STAT_TOKENS = 524_288      # 2¹⁹ tokens ≈ the 5·10⁵ logit vectors of the paper's Sec. 3
 TEXT_CACHE = "data/text"   # where --data text files are tokenized (prepare.text_dataset)
 LOCK = ".lock"             # in the run folder: held (fcntl.flock) by the process using it
 STALE_TEMP = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")  # store.open_atomic's temporary names
-# Settings that define what a run computes; --resume refuses a run folder that differs in any.
+# What a run computes: --resume refuses a run folder that recorded others.
 RUN_DEFINING = ("size", "head", "lr", "tie", "lam", "cap", "vocab_size", "steps", "warmup",
                 "min_lr", "batch_size", "seq_len", "seed", "dtype", "data_fingerprint",
                 "data_order")
 OLD_DEFAULTS = {"data_order": "sequential"}  # what runs recorded before an option existed used
-# Settings that change only a step's rounding: --resume takes new ones and says so (it keeps
-# the recorded CPU thread count: choose_cpu_threads).
+# Only a step's rounding: --resume takes new ones and says so (CPU threads: choose_cpu_threads).
 ROUNDING = ("micro_batch", "world_size", "loss_chunk", "head_dtype", "compile", "tf32")
-# The cosine schedule ends at --steps, so a finished run cannot go on: a longer one is a new run.
+# The cosine schedule ends at --steps, so a finished run cannot go on.
 TRAIN_LONGER = "to train longer, start a new run (another --out_dir) with a larger --steps"
 # Dense bf16 peak FLOP/s of one GPU, first match in its name (NVL boards clock below SXM ones)
 PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
                    ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12))
-EXAMPLE = """examples (a laptop on the bundled text; the paper's recipe on 4 GPUs):
-  python train.py --size tiny --data tests/assets/paradise_regained.txt --steps 200 \\
-      --batch_size 8 --seq_len 128
-  torchrun --nproc_per_node=4 train.py --head mu_center --out_dir runs/mu_center"""
-
-
 def fail(message: str):
-    """End the run with one sentence, no traceback, exit code 1. Each check runs on every rank
-    alike or on rank 0 alone, so under torchrun rank 0 alone says it."""
+    """Exit 1 with one sentence; every check runs on all ranks alike or on rank 0, which says it."""
     raise SystemExit(1 if int(os.environ.get("RANK", 0)) else f"train.py: error: {message}")
 
 
-# ---------------------------------------------------------------------------------------------
-# The command line: its defaults (the paper's recipe) and its checks
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows a default only where there is one (not None or False); keeps the epilog's lines."""
-    def _get_help_string(self, action):
-        unset = action.default is None or action.default is False
-        return action.help if unset else super()._get_help_string(action)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="One training run with the recipe of the paper's "
-                                "App. A, on one process or many (torchrun DDP).",
-                                formatter_class=HelpFormatter, epilog=EXAMPLE)
-    a = p.add_argument_group("model").add_argument
-    a("--size", default="16M", choices=tuple(SIZES), help="model size preset (model.SIZES)")
-    a("--head", default="baseline", choices=heads.HEADS, help="LM-head variant (heads.py)")
-    a("--tie", action="store_true", help="tie the input and output embeddings")
-    a("--lam", type=float, default=None, help="λ of z_loss and mu_loss (default: heads.py's)")
-    a("--cap", type=float, default=None, help="c of soft_cap (default: heads.py's)")
-    a("--vocab_size", type=positive_int, default=50304, help="V (GPT-2's 50257, padded)")
-    a("--seed", type=non_negative_int, default=0, help="seed of the initial weights")
-    a = p.add_argument_group("optimisation").add_argument
-    a("--lr", type=positive_float, default=3e-3, help="peak learning rate η (paper: 3e-4 … 3e-1)")
-    a("--steps", type=positive_int, default=100_000, help="optimizer steps")
-    a("--warmup", type=non_negative_int, default=None, help="warmup steps (default: 5%% of them)")
-    a("--min_lr", type=non_negative_float, default=1e-5, help="end of the cosine decay")
-    a("--batch_size", type=positive_int, default=64, help="sequences per step, all processes")
-    a("--micro_batch", type=positive_int, default=None, help="sequences per forward and process "
-      "(default: the most ≤ 16 dividing its batch)")
-    a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
-    a = (group := p.add_argument_group("data and run folder")).add_argument
-    a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
-      f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
-    a("--data_order", default="sequential", choices=data.ORDERS, help="sequential: each token "
-      "once per epoch; random: the paper's, random windows of a random shard per batch, by --seed")
-    a("--out_dir", default="out", help="run folder")
-    a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
-    a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
-    a("--keep_every", type=non_negative_int, default=0, help="keep the weights every N steps "
-      "too, in ckpt_step{step:07d}.pt; 0 = never")
-    a("--stop_at", type=non_negative_int, default=0, help="end after this step as if killed")
-    a = p.add_argument_group("measurement").add_argument
-    a("--eval_every", type=non_negative_int, default=5000, help="steps between validation "
-      "losses, and at the end; 0 = only at the end")
-    a("--eval_tokens", type=positive_int, default=65_536_000, help="val tokens per evaluation "
-      "(paper's code: 2000 iters × 16 × 2048)")
-    a("--stat_tokens", type=positive_int, default=STAT_TOKENS, help="val tokens of the final "
-      "logit statistics")
-    a("--log_every", type=positive_int, default=10, help="steps between log lines")
-    a = p.add_argument_group("device").add_argument
-    a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
-    a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
-      help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul "
-      "(auto: --dtype's; float32 under a bf16 body)")
-    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model "
-      "(default: on CUDA)")
-    a("--tf32", action="store_true", help="TensorFloat-32 matmuls for what stays float32 (CUDA)")
-    a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the LM "
-      "head's loss, without the N×V logits (fused_loss.py); 0 = heads.py's plain path "
-      "(default: the device's fastest exact path, fused_loss.DEFAULT_CHUNK)")
-    shards = prepare.shards_needed(p.get_default("steps") * p.get_default("batch_size")
-                                   * p.get_default("seq_len"))
-    gigabytes = (shards + 1) * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9  # with val's
-    group.description = (f"The default --data downloads the {prepare.DEFAULT_DATASET} shards the "
-                         f"run reads: {gigabytes:.1f} GB\nfor the default --steps, fewer for "
-                         f"fewer.")
-    return p
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, checked and resolved (warmup, micro-batch, device, dtype, compile); bad
-    input ends in parser.error: one sentence and exit code 2."""
-    parser = build_parser()
-    if int(os.environ.get("RANK", 0)):  # every rank of torchrun parses it: rank 0 alone says so
-        parser.error = lambda message: sys.exit(2)
-    args = parser.parse_args(argv)
-    if args.warmup is None:
-        args.warmup = args.steps // WARMUP_SHARE
-    if args.warmup > args.steps:
-        parser.error(f"--warmup {args.warmup} exceeds --steps {args.steps}; lower --warmup")
-    if args.seed >= 2 ** 64:
-        parser.error(f"--seed {args.seed} is too large; give an integer from 0 to {2**64 - 1}")
-    if args.min_lr > args.lr:
-        parser.error(f"--min_lr {args.min_lr:g} exceeds --lr {args.lr:g}; lower --min_lr")
-    try:
-        heads.build(args.head, lam=args.lam, cap=args.cap)
-    except ValueError as err:
-        parser.error(str(err))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if args.micro_batch is None:
-        per_process = max(1, args.batch_size // world_size)
-        args.micro_batch = max(n for n in range(1, 17) if per_process % n == 0)
-    if args.batch_size % (args.micro_batch * world_size):
-        parser.error(f"--batch_size {args.batch_size} must be a multiple of --micro_batch × "
-                     f"processes = {args.micro_batch} × {world_size} = "
-                     f"{args.micro_batch * world_size}; change --batch_size or --micro_batch")
-    files = [Path(path).is_file() for path in args.data]
-    if len(args.data) > 1 and not all(files):
-        parser.error(f"--data takes one folder of shards or text files, not both; "
-                     f"{args.data[files.index(False)]} is not a file")
-    args.text = args.data if all(files) else None  # tokenized into a folder by prepare_data
-    args.data = None if args.text else args.data[0]
-    if resolve_device(args, parser.error) != "cuda" and args.tf32:
-        parser.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
-    refuse_oversized_embeddings(args, parser.error)
-    return args
-
-
 def resolve_device(args, error) -> str:
-    """--device/--dtype/--compile "auto" (or None) made what this machine has: CUDA, bf16 and
-    compiled, else CPU, float32, eager; error(sentence) for an unusable device. Returns its type."""
+    """--device, --dtype and --compile "auto" (or None) made CUDA, bf16 and compiled, or CPU,
+    float32 and eager; error(sentence) for an unusable device. Returns the device's type."""
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -176,10 +54,11 @@ def resolve_device(args, error) -> str:
         error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
     if device.type not in ("cpu", "cuda"):
         error(f"--device {args.device} is not supported: train.py runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu"
-              if not torch.cuda.is_available() else f"--device {args.device} names a GPU that "
-              f"is not there; this machine has {torch.cuda.device_count()}")
+        error(f"--device {args.device} names a GPU that is not there; this machine has "
+              f"{torch.cuda.device_count()}")
     if args.dtype == "auto":
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.compile is None:
@@ -187,22 +66,7 @@ def resolve_device(args, error) -> str:
     return device.type
 
 
-def refuse_oversized_embeddings(args, error):
-    """error(sentence), not the allocator's traceback, when the embeddings alone cannot fit:
-    V·D numbers (twice untied), each with its gradient and AdamW's two moments, 16 bytes."""
-    needed = 16 * args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
-    total, where = (torch.cuda.get_device_properties(args.device).total_memory, "the GPU's") \
-        if args.device.startswith("cuda") else \
-        (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's")
-    if needed > total:
-        size = next(f"{needed / 1024 ** k:,.1f} {unit}" for k, unit in
-                    ((5, "PiB"), (4, "TiB"), (3, "GiB"), (0, "B")) if needed >= 1024 ** k)
-        error(f"--vocab_size {args.vocab_size:,} needs {size} for the embeddings alone, more "
-              f"than {where} {total / 1024 ** 3:,.1f} GiB of memory; lower --vocab_size")
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes: torchrun sets RANK (global, over all nodes), LOCAL_RANK (on this node), WORLD_SIZE.
+# Processes: torchrun sets RANK (over all nodes), LOCAL_RANK (on this node) and WORLD_SIZE.
 
 @dataclass
 class Dist:
@@ -212,24 +76,22 @@ class Dist:
     device: torch.device
 
     @property
-    def master(self) -> bool:
-        """Global rank 0 alone prints and writes files."""
+    def master(self) -> bool:  # global rank 0 alone prints and writes files
         return self.rank == 0
 
 
 @contextlib.contextmanager
 def run_process(args):
-    """This process's Dist while the block runs: in torchrun's process group (NCCL on CUDA, one
-    GPU per process; gloo on CPU), left at the end. A full disk or Ctrl-C ends in one sentence."""
+    """This process's Dist, in torchrun's process group (NCCL with one GPU per process, or gloo)
+    while the block runs; a full disk or Ctrl-C ends in one sentence."""
     world_size, device = int(os.environ.get("WORLD_SIZE", 1)), torch.device(args.device)
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    if device.type == "cuda":  # "cuda" means the first GPU; under torchrun, the process's own
+    cuda = device.type == "cuda"
+    if cuda:  # "cuda" means the first GPU; under torchrun, the process's own
         device = torch.device("cuda", local_rank if world_size > 1 else device.index or 0)
         torch.cuda.set_device(device)
-    if world_size > 1 and device.type == "cuda":
-        dist.init_process_group("nccl", device_id=device)
-    elif world_size > 1:
-        dist.init_process_group("gloo")
+    if world_size > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     try:
         yield Dist(rank, local_rank, world_size, device)
     except store.WriteError as err:  # a full disk, a folder that cannot be written
@@ -247,19 +109,17 @@ def run_process(args):
 
 
 def choose_cpu_threads(ctx: Dist, recorded: int | None = None) -> int | None:
-    """CPU threads: a resumed run's recorded count (1 and 2 threads round a step's gradients
-    apart), else OMP_NUM_THREADS's, else the idle cores (usable ones less the 1-minute load,
-    at least 1) shared by this node's processes, the fewest of any rank: torch's one per core
-    oversubscribes a busy machine. None on a GPU."""
+    """CPU threads (None on a GPU): a resumed run's (1 and 2 threads round gradients apart),
+    else OMP_NUM_THREADS's, else the node's share of the idle cores; the fewest of any rank."""
     if ctx.device.type != "cpu":
         return None
     if recorded:
         torch.set_num_threads(recorded)
-    elif "OMP_NUM_THREADS" not in os.environ:
+    elif "OMP_NUM_THREADS" not in os.environ:  # torch's one per core oversubscribes a busy host
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             os.cpu_count() or 1
-        idle = cores - (os.getloadavg()[0] if hasattr(os, "getloadavg") else 0)
-        torch.set_num_threads(max(1, int(idle) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        idle = int(cores - os.getloadavg()[0])
+        torch.set_num_threads(max(1, idle // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     if dist.is_initialized():  # every rank computes alike, and the record is rank 0's
         fewest = torch.tensor(torch.get_num_threads())
         dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
@@ -267,13 +127,12 @@ def choose_cpu_threads(ctx: Dist, recorded: int | None = None) -> int | None:
     return torch.get_num_threads()
 
 
-def cpu_threads(ctx: Dist) -> str:
-    """', N CPU thread(s)' for the settings line printed before step 0; '' on a GPU."""
+def cpu_threads(ctx: Dist) -> str:  # for the settings line before step 1
     return f", {torch.get_num_threads()} CPU thread(s)" if ctx.device.type == "cpu" else ""
 
 
 def unwrap(model) -> GPT:
-    """The GPT inside DDP and torch.compile wrappers."""
+    """The GPT inside DDP and torch.compile."""
     model = model.module if isinstance(model, DDP) else model
     return getattr(model, "_orig_mod", model)
 
@@ -285,14 +144,11 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-# ---------------------------------------------------------------------------------------------
 # The data: made ready once per node, checked before any step
 
 def prepare_data(args, ctx: Dist):
-    """Make --data a folder of shards and check it, once per node: local rank 0 does it
-    (make_ready) while the other ranks wait at a gloo barrier with a long timeout (NCCL's 10
-    minutes are too short for a download), so no rank sees a half-made folder and no two ranks
-    of a node read the whole dataset; a failure ends every rank, rank 0 with its sentence."""
+    """Local rank 0 makes --data a checked folder of shards (make_ready) while its node's other
+    ranks wait at a gloo barrier (NCCL's 10 minutes are too short for a download)."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None
     problem = make_ready(args) if ctx.local_rank == 0 else ""
@@ -306,10 +162,8 @@ def prepare_data(args, ctx: Dist):
 
 
 def make_ready(args) -> str:
-    """Tokenize --data's text files (prepare.text_dataset), or download the default FineWeb
-    shards the run reads when missing (prepare.fetch_fineweb); then check the dataset whole
-    (store.check_dataset, hashes when small) and its token ids < --vocab_size (store.check_vocab:
-    the manifest's largest ids, else every shard read once). Returns '' or one sentence."""
+    """Tokenize the text files, or download the default shards when missing; then check the
+    dataset (store.check_dataset, check_vocab). Returns '' or one sentence."""
     try:
         if args.text:
             args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))
@@ -339,10 +193,8 @@ def has_shards(folder) -> bool:
 
 
 def open_data(args, ctx: Dist, say):
-    """The rank's training loader (--data_order, seeded by --seed and the rank) on the data
-    prepare_data checked; every rank reads only headers and the manifest here, for the
-    dataset's fingerprint (recorded hashes, not new ones: --resume compares it) and the val
-    split's length: --eval_tokens and --stat_tokens are cut down to what it holds, saying so."""
+    """The rank's training loader; the dataset's recorded fingerprint (--resume compares it);
+    --eval_tokens and --stat_tokens cut down to what the val split holds, saying so."""
     try:
         args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
@@ -354,8 +206,7 @@ def open_data(args, ctx: Dist, say):
     held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
     if held == 0:
         fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
-             f"evaluation step ({ctx.world_size} processes × --micro_batch {args.micro_batch} × "
-             f"--seq_len {args.seq_len} + 1)")
+             f"evaluation step (processes × --micro_batch × --seq_len + 1)")
     for name in ("eval_tokens", "stat_tokens"):
         if getattr(args, name) > held:
             say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
@@ -365,14 +216,12 @@ def open_data(args, ctx: Dist, say):
 
 
 def val_batches(tokens: int, args, ctx: Dist):
-    """This rank's share of the first `tokens` validation tokens (at least one micro-batch per
-    rank, so that few statistics tokens also work on 8 GPUs)."""
+    """This rank's share of the first `tokens` val tokens, at least one micro-batch per rank."""
     tokens = max(tokens, ctx.world_size * args.micro_batch * args.seq_len)
     return data.val_batches(args.data, tokens, args.micro_batch, args.seq_len, ctx.rank,
                             ctx.world_size)
 
 
-# ---------------------------------------------------------------------------------------------
 # The device: batches moved to it, and its losses read without waiting for it
 
 def device_batches(loader, device):
@@ -386,9 +235,8 @@ def device_batches(loader, device):
 
 
 class FiniteWatch:
-    """Whether each step's loss was finite, read without making the GPU wait: reading a CUDA
-    value blocks the CPU until the queued work is done, so the flag goes to pinned memory and is
-    read one step later, once the next step is queued (at once on the CPU, and on demand)."""
+    """Whether each step's loss was finite, without making the GPU wait: the flag goes to pinned
+    memory and is read one step later, once the next step is queued (at once on the CPU)."""
 
     def __init__(self, device: torch.device):
         self.lag = 1 if device.type == "cuda" else 0
@@ -403,8 +251,7 @@ class FiniteWatch:
         self.pending.append((step, flag, event))
 
     def first_nonfinite(self, wait_all: bool = False):
-        """The first step whose loss was not finite among those readable without waiting (all
-        with wait_all); None if every one was finite."""
+        """The first non-finite step among those readable without waiting (all with wait_all)."""
         while len(self.pending) > (0 if wait_all else self.lag):
             step, flag, event = self.pending.pop(0)
             if event is not None:
@@ -414,15 +261,12 @@ class FiniteWatch:
         return None
 
 
-# ---------------------------------------------------------------------------------------------
 # The run folder: one process at a time, files written whole, no other run's files replaced
 
 @contextlib.contextmanager
 def run_folder_lock(out: Path):
-    """Hold OUT/.lock (fcntl.flock) while the block runs, so two processes never train in one
-    folder. The OS drops it when its process ends, however it ends: a killed run's lock (and its
-    last save's temporary files) is taken over, never stale. A run that fails before writing a
-    file takes its lock (and the folder, if it made it) away with it."""
+    """Hold OUT/.lock (fcntl.flock, which the OS drops however its process ends) while the block
+    runs; a run that fails before writing a file takes the lock (and the folder it made) away."""
     made = not out.exists()
     try:
         store.make_folder(out)
@@ -444,7 +288,7 @@ def run_folder_lock(out: Path):
             except OSError as err:
                 fail(f"cannot write {out / LOCK} ({err.strerror}); free space or choose another "
                      f"--out_dir")
-            for path in out.iterdir():
+            for path in out.iterdir():  # a killed run's last temporary files
                 if STALE_TEMP.fullmatch(path.name) and path.is_file():
                     path.unlink()
             yield
@@ -457,20 +301,17 @@ def run_folder_lock(out: Path):
 
 
 def check_run_folder(args, out: Path, config: dict) -> bool:
-    """Whether to train: False when --resume finds this very run finished. Refuses a folder
-    holding files without --resume, and with --resume another run's folder (no config.json of
-    train.py, or other run-defining settings)."""
+    """Whether to train (False: --resume finds this run finished); refuses a folder holding
+    files without --resume, and with it another run's folder."""
     files = sorted(path.name for path in out.iterdir() if path.name != LOCK)
     if files and not args.resume:
         fail(f"{out} already holds a run ({', '.join(files[:4])}); pass --resume to continue "
              f"it, or choose another --out_dir")
     if not files:
         return True
-    try:  # is_file: not a pipe, whose read would block forever
-        recorded = json.loads((out / "config.json").read_text()) \
-            if (out / "config.json").is_file() else None
-    except (OSError, ValueError):
-        recorded = None
+    recorded, path = None, out / "config.json"
+    with contextlib.suppress(OSError, ValueError):  # is_file: not a pipe, whose read blocks
+        recorded = json.loads(path.read_text()) if path.is_file() else None
     if not isinstance(recorded, dict):
         fail(f"{out} holds {', '.join(files[:4])} but no config.json of train.py, so it is not "
              f"a run to resume; choose another --out_dir")
@@ -483,20 +324,15 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
 
 
 def refuse_other_settings(source, recorded: dict, config: dict):
-    """Fail, naming them, if the run-defining settings recorded in source differ from config."""
-    keys = [key for key in RUN_DEFINING
-            if recorded.get(key, OLD_DEFAULTS.get(key)) != config[key]]
-    if keys:
-        fail(f"--resume: the run of {source} was trained with {settings(recorded, keys)}, not "
-             f"{settings(config, keys)}; resume with its own settings or choose another "
-             f"--out_dir")
-
-
-def settings(config: dict, keys) -> str:
-    """The settings as options, '--lr 0.003 --steps 6'; the dataset by folder and fingerprint."""
-    return " ".join(f"--data {config.get('data')} (dataset {str(config.get(key))[:12]})"
-                    if key == "data_fingerprint" else f"--{key} {config.get(key)}"
-                    for key in keys)
+    """Fail, naming them, where the run-defining settings recorded in source differ."""
+    def settings(run):  # as options; the dataset by folder and fingerprint
+        return " ".join(f"--data {run.get('data')} (dataset {str(run.get(key))[:12]})"
+                        if key == "data_fingerprint" else f"--{key} {run.get(key)}"
+                        for key in keys)
+    if keys := [key for key in RUN_DEFINING
+                if recorded.get(key, OLD_DEFAULTS.get(key)) != config[key]]:
+        fail(f"--resume: the run of {source} was trained with {settings(recorded)}, not "
+             f"{settings(config)}; resume with its own settings or choose another --out_dir")
 
 
 def json_text(record: dict, indent=None) -> str:
@@ -510,28 +346,24 @@ def write_json(path, obj: dict):
 
 
 def append_log(path: Path, record: dict):
-    """One JSON line at the end of the log, whole or not at all: when the disk fills up midway,
-    the part that went in is cut off again (store.WriteError's one sentence)."""
+    """One JSON line at the end of the log, whole or not at all (a full disk's part is cut)."""
     line = (json_text(record) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    size = os.fstat(fd).st_size
     try:
-        size, done = os.fstat(fd).st_size, 0
-        try:
-            while done < len(line):  # os.write may write only a part
-                done += os.write(fd, line[done:])
-        except OSError as err:
-            os.ftruncate(fd, size)
-            raise store.write_error(err, path) from None
+        while line:  # os.write may write only a part
+            line = line[os.write(fd, line):]
+    except OSError as err:
+        os.ftruncate(fd, size)
+        raise store.write_error(err, path) from None
     finally:
         os.close(fd)
 
 
 def trim_log(path: Path, last_step: int):
-    """Keep the log lines up to the checkpoint's step (the steps after it are trained again);
-    a line cut off by a kill is dropped."""
+    """Keep the log lines up to the checkpoint's step; a line cut off by a kill is dropped."""
     if path.exists() and not path.is_file():
-        fail(f"{path} is not a file, so the run's log cannot be continued; move it out of the "
-             f"way and resume again")
+        fail(f"{path} is not a file, so the run's log cannot be continued; move it away")
     kept = []
     for line in path.read_text().splitlines() if path.exists() else ():
         with contextlib.suppress(ValueError, KeyError, TypeError):  # not a whole line of ours
@@ -540,34 +372,27 @@ def trim_log(path: Path, last_step: int):
     store.write_atomic(path, "".join(kept))
 
 
-def save(obj: dict, path: Path):
-    """torch.save through store.open_atomic: a unique temporary file, fsynced, renamed."""
-    with store.open_atomic(path) as f:
-        torch.save(obj, f)
-
-
 def save_checkpoint(out: Path, model: GPT, optimizer, loader, step: int, config: dict,
                     init_loss: float, train_time: float):
-    """ckpt.pt: everything --resume needs, tensors and plain types only (weights_only-loadable).
-    The unwrapped model's state_dict has no `_orig_mod.` prefix, so compiled and eager runs
-    resume each other. The loader position is global, the same on every rank."""
+    """ckpt.pt: what --resume needs, weights_only-loadable; the unwrapped model's weights, so
+    compiled and eager runs resume each other; the loader position is the same on every rank."""
     device = model.output_weight.device
     rng = {"torch": torch.get_rng_state(),
            **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
-    save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-          "loader": loader.state_dict(), "rng": rng, "config": config, "init_loss": init_loss,
-          "train_time_s": train_time}, out / "ckpt.pt")
+    with store.open_atomic(out / "ckpt.pt") as f:  # a unique temporary file, fsynced, renamed
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                    "loader": loader.state_dict(), "rng": rng, "config": config,
+                    "init_loss": init_loss, "train_time_s": train_time}, f)
 
 
-def save_snapshot(out: Path, model: GPT, step: int, config: dict):
-    """ckpt_step{step:07d}.pt: the weights alone, for curves over training (analyze.py)."""
-    save({"model": model.state_dict(), "step": step, "config": config},
-         out / f"ckpt_step{step:07d}.pt")
+def save_snapshot(out: Path, model: GPT, step: int, config: dict):  # for analyze.py's curves
+    with store.open_atomic(out / f"ckpt_step{step:07d}.pt") as f:
+        torch.save({"model": model.state_dict(), "step": step, "config": config}, f)
 
 
 def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
-    """Model, optimizer, loader position and RNG from ckpt.pt; returns its step, init_loss,
-    train_time_s and config. One sentence for a checkpoint that cannot continue this run."""
+    """Model, optimizer, loader and RNG from ckpt.pt; returns its step, init_loss, train_time_s
+    and config. One sentence for a checkpoint that cannot continue this run."""
     def refuse(reason):
         fail(f"{path} {reason}; delete it to start afresh")
     try:
@@ -603,7 +428,6 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
     return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s", "config")}
 
 
-# ---------------------------------------------------------------------------------------------
 # Speed and the console line
 
 def sync(device: torch.device):
@@ -620,8 +444,8 @@ def peak_flops(device: torch.device, dtype: str):
 
 
 class CompileWatch(logging.Filter):
-    """What torch.compile gave up on (suppress_errors runs it eagerly and logs a traceback):
-    each root cause in one line, kept from the console, for train.py to say once."""
+    """What torch.compile gave up on (suppress_errors logs a traceback and runs eagerly): each
+    root cause in one line, kept from the console, for train.py to say once."""
     LOGGER = logging.getLogger("torch._dynamo.convert_frame")
 
     def __init__(self):
@@ -637,7 +461,7 @@ class CompileWatch(logging.Filter):
             cause = inner  # the compiler's own error, inside torch's wrapping of it
         text = f"{type(cause).__name__}: {cause}" if cause else record.getMessage()
         self.failures.append(text.strip().splitlines()[0][:200])
-        return False  # kept from the console
+        return False
 
     def stop(self) -> str | None:  # the first failure; None when everything compiled
         self.LOGGER.removeFilter(self)
@@ -645,8 +469,7 @@ class CompileWatch(logging.Filter):
 
 
 class Throughput:
-    """Tokens per second since the last restart, timed between device syncs (without them the
-    clock would time CUDA's queueing)."""
+    """Tokens per second since the last restart, timed between device syncs (not CUDA's queue)."""
 
     def __init__(self, device: torch.device, tokens_per_step: int):
         self.device, self.tokens_per_step = device, tokens_per_step
@@ -663,7 +486,7 @@ class Throughput:
 
 
 def timed(fn, *args):
-    """fn(*args) and the seconds it took (fn reads a device value, so the device is done)."""
+    """fn(*args) and its seconds (fn reads a device value, so the device is done)."""
     start = time.perf_counter()
     result = fn(*args)
     return result, time.perf_counter() - start
@@ -692,22 +515,18 @@ def format_duration(seconds: float) -> str:
 
 
 def log_line(record: dict, steps: int, eta: float | None) -> str:
-    """step, loss, lr, tokens/s, MFU, ETA, val: one line a person can read (no speed and no ETA
-    where none was measured: the first step, which compiles)."""
+    """step, loss, lr and what was measured of tokens/s, MFU, ETA (none over the first step,
+    which compiles) and val loss: one line a person can read."""
+    shown = {**record, "eta": None if eta is None else format_duration(eta)}
     parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
              f"lr {record['lr']:.2e}"]
-    if record["tok_per_s"] is not None:
-        parts.append(f"{record['tok_per_s']:,.0f} tok/s")
-    if record["mfu"] is not None:
-        parts.append(f"MFU {record['mfu']:.1%}")
-    if eta is not None:
-        parts.append(f"ETA {format_duration(eta)}")
-    if "val_loss" in record:
-        parts.append(f"val {record['val_loss']:.4f}")
+    for key, form in (("tok_per_s", "{:,.0f} tok/s"), ("mfu", "MFU {:.1%}"), ("eta", "ETA {}"),
+                      ("val_loss", "val {:.4f}")):
+        if shown.get(key) is not None:
+            parts.append(form.format(shown[key]))
     return " | ".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------
 # Setup: everything before the first step
 
 @dataclass
@@ -728,9 +547,8 @@ class Run:
 
 @contextlib.contextmanager
 def setup(args, ctx: Dist, say, build_model, make_optimizer):
-    """Everything before step 1, in the run folder that rank 0 locks until the block ends: the
-    data, the folder's checks, build_model(args) and make_optimizer(model, args) (restored with
-    --resume), the CPU threads, config.json. Yields the Run; None if --resume finds it finished."""
+    """Everything before step 1, in the run folder rank 0 locks until the block ends, with
+    build_model(args) and make_optimizer(model, args); yields the Run (None: it is finished)."""
     out = Path(args.out_dir)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download
@@ -756,24 +574,22 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
                 f"the run's {', '.join(str(recorded[key]) for key in changed)}: the same run, "
                 f"rounded otherwise")
         config["cpu_threads"] = choose_cpu_threads(ctx, recorded.get("cpu_threads"))
-        # The wrappers share the model's parameters: compiled (a model that fails to compile
-        # runs eagerly: the loop says so after the first step), and in DDP on several processes.
+        # The wrappers share the model's parameters. A model that fails to compile runs eagerly
+        # (suppress_errors): the loop says so after the first step.
         if args.compile:
             torch._dynamo.config.suppress_errors = True
-        compiled, compile_watch = (torch.compile(model), CompileWatch()) if args.compile else \
-            (model, None)
+        compiled = torch.compile(model) if args.compile else model
         wrapped = compiled if ctx.world_size == 1 else \
             DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         if ctx.master:
             write_json(out / "config.json", config)
             trim_log(out / "log.jsonl", state["step"])  # a fresh run starts an empty log
         yield Run(model, compiled, wrapped, optimizer, loader, config, out,
-                  compile_watch=compile_watch, **state)
+                  compile_watch=CompileWatch() if args.compile else None, **state)
 
 
 def say_compile_failure(run: Run, ctx: Dist, say):
-    """After the first step, when all has compiled: what torch.compile gave up on, said in one
-    line and recorded in config.json as compile_failed."""
+    """After the first step: what torch.compile gave up on, said and recorded in config.json."""
     if failure := run.compile_watch.stop():
         run.config["compile_failed"] = failure
         say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where it "

@@ -2,10 +2,8 @@
 
     python sample.py --run out --prompt "Satan, now first inflamed with rage" --num_samples 3
 
-The next token is drawn from softmax(l / T) over the logits l of the run's head (soft-capped
-for soft_cap), among the k largest with --top_k; --temperature 0 takes the largest. Texts start
-after <|endoftext|>, as training documents do; padding ids (≥ 50257) are never drawn; the model
-runs in float32. A run on a synthetic vocabulary (V < 50257) takes and prints token ids."""
+Texts start after <|endoftext|>, as in training, drawn from the head's own logits, never from
+padding ids (≥ 50257); a run on a synthetic vocabulary (V < 50257) takes and prints token ids."""
 import argparse
 import sys
 from pathlib import Path
@@ -38,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 def next_token_probs(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
     """P(next token) (B, V) from the head's last-position logits (B, V): softmax(l / T) over
     the top_k largest (all where top_k is 0 or ≥ V); T = 0 puts all mass on the largest."""
-    logits = logits.float()
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).float()
     if 0 < top_k < logits.size(-1):
@@ -49,8 +46,7 @@ def next_token_probs(logits: torch.Tensor, temperature: float, top_k: int) -> to
 
 @torch.no_grad()
 def generate(gpt, prompt: list[int], args, drawable: int) -> torch.Tensor:
-    """(num_samples, max_new_tokens) ids < drawable continuing `prompt`, each drawn from the
-    last block_size tokens (no cache: these models are small)."""
+    """(num_samples, max_new_tokens) ids < drawable after `prompt`; no cache (small models)."""
     generator = torch.Generator(args.device).manual_seed(args.seed)
     idx = torch.tensor([prompt] * args.num_samples, device=args.device)
     for _ in range(args.max_new_tokens):
@@ -80,16 +76,14 @@ def text_codec(vocab_size: int):
     return encode, lambda ids: "".join(f" {i}" for i in ids), vocab_size
 
 
-def load_model(args):
-    """(model in eval mode, its run's config, its step) from --ckpt or --run's ckpt.pt."""
+def load_model(args):  # (model in eval mode, its run's config, its step)
     try:
         device = torch.device(args.device)
     except RuntimeError:
         raise ValueError(f"--device {args.device!r} is not a torch device; use cpu, cuda or "
                          f"cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device} asks for CUDA but no GPU is visible; use "
-                         f"--device cpu")
+        raise ValueError(f"--device {args.device}: no GPU is visible; use --device cpu")
     path = Path(args.ckpt or Path(args.run) / "ckpt.pt")
     if not args.ckpt and not path.is_file():
         raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
@@ -108,11 +102,9 @@ def main(argv=None) -> list[str]:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         sys.exit(f"sample.py: error: {err}")
     print(f"{config['size']} {config['head']}, step {step} of {config.get('steps')}; T = "
-          f"{args.temperature:g}, top-k {args.top_k or 'all'}, seed {args.seed}; drawing "
-          f"{args.num_samples} × {args.max_new_tokens} tokens …", flush=True)
+          f"{args.temperature:g}, top-k {args.top_k or 'all'}, seed {args.seed} …", flush=True)
     samples = [args.prompt + decode(row.tolist()) for row in generate(gpt, prompt, args, drawable)]
-    for number, text in enumerate(samples, 1):
-        print(f"--- sample {number}\n{text}")
+    print("".join(f"--- sample {n}\n{text}\n" for n, text in enumerate(samples, 1)), end="")
     return samples
 
 

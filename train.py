@@ -27,10 +27,11 @@ import fused_loss
 import heads
 import measure
 from model import GPT, from_config
+from options import parse_args
 from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum, append_log,
-                  cpu_threads, device_batches, eta_seconds, log_line, parse_args, peak_flops,
-                  run_process, save_checkpoint, save_snapshot, say_compile_failure, setup, timed,
-                  unwrap, val_batches, write_json)
+                  cpu_threads, device_batches, eta_seconds, log_line, peak_flops, run_process,
+                  save_checkpoint, save_snapshot, say_compile_failure, setup, timed, unwrap,
+                  val_batches, write_json)
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4); the options and their
