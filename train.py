@@ -35,7 +35,7 @@ from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_s
 
 # ---------------------------------------------------------------------------------------------
 # The recipe of the paper's App. A (Table 4); the options and their
-# defaults (the paper's too) are in runs.build_parser(): python train.py --help.
+# defaults (the paper's too) are in options.build_parser(): python train.py --help.
 ADAM_BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-8
 WEIGHT_DECAY = 0.0
