@@ -1,19 +1,16 @@
-"""Speed and memory of train.py's training step, of the LM head's loss path and of the run's
-measurements (README, "Speed and memory": what each row means).
+"""Speed and memory of train.py's training step, of its LM head's loss alone, and of a run's
+measurements against its step.
 
     python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
     python bench.py --sizes 16M 221M --loss_paths plain default chunked --json out/bench.json
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
-    python bench.py --device cpu --no_train --measure     # a log step, an evaluation, the final
-                                                          # statistics against a training step
+    python bench.py --device cpu --no_train --measure    # a log step, an evaluation, final stats
 
-Every variant (size × head × loss path) is built exactly as train.py builds it and timed on
-synthetic tokens between device syncs: warm-up steps (the first compiles), then --steps steps
-alone, then all variants of a size in turns, in an order that rotates every round, so drift
-falls on all alike. Each real-step row also times one no-grad evaluation forward (eval_s).
-Peak memory is measured in one extra untimed run (peak_memory). On a shared, busy CPU run with
-OMP_NUM_THREADS=1. --json is rewritten atomically after every variant; a path that cannot be
-written, or a size that cannot fit in memory, ends in one sentence before anything is measured.
+Each variant (size × head × loss path) is built as train.py builds it and timed on synthetic
+tokens between device syncs: warm-up steps (the first compiles), --steps steps alone, then all
+of a size's variants in turns, in an order that rotates every round, so drift falls on all
+alike. Peak memory comes from one extra untimed run. On a busy CPU use OMP_NUM_THREADS=1.
+--json is rewritten atomically after every variant.
 """
 import argparse
 import contextlib
@@ -39,7 +36,6 @@ from model import SIZES
 # CUDA: the paper's micro-batch; CPU: small, where 16 × 2048 tokens would take many seconds
 SHAPES = {"cuda": dict(micro_batch=16, seq_len=2048), "cpu": dict(micro_batch=4, seq_len=256)}
 STEPS, WARMUP, SEED, VOCAB_SIZE = 10, 3, 0, 50304
-MEASURE_STAT_TOKENS = 8192  # --measure's final statistics: experiments/alignment's --stat_tokens
 LOSS_PATHS = {"plain": "heads.py's reference (--loss_chunk 0)",
               "default": "train.py's default (fused_loss.DEFAULT_CHUNK for the device)",
               "chunked": "fused_loss.chunked_loss with --chunk_size tokens per chunk"}
@@ -60,54 +56,43 @@ def parse_args(argv=None):
       help="tokens per chunk of the chunked loss path")
     a("--steps", type=store.positive_int, default=STEPS, help="timed steps per variant")
     a("--warmup", type=store.non_negative_int, default=WARMUP, help="untimed steps first")
-    a("--micro_batch", type=store.positive_int, default=None,
-      help="sequences per step (default: 16 on CUDA, 4 on CPU)")
-    a("--seq_len", type=store.positive_int, default=None,
-      help="tokens per sequence (default: 2048 on CUDA, 256 on CPU)")
+    a("--micro_batch", type=store.positive_int, help="sequences per step (CUDA: 16, CPU: 4)")
+    a("--seq_len", type=store.positive_int, help="tokens per sequence (CUDA: 2048, CPU: 256)")
     a("--vocab_size", type=store.positive_int, default=VOCAB_SIZE, help="V")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype, as train.py (auto: bfloat16 on CUDA, float32 elsewhere)")
-    a("--compile", action=argparse.BooleanOptionalAction, default=None,
-      help="torch.compile, as train.py (default: on CUDA only)")
+    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (None: CUDA only)")
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
-    a("--float32_head", action="store_true",
-      help="also time the baseline with a float32 LM head (train.py --head_dtype float32)")
+    a("--float32_head", action="store_true", help="also time the baseline's --head_dtype float32")
     a("--loss_tokens", type=store.non_negative_int, default=0,
       help="also time the LM head alone on this many tokens (0: skip)")
     a("--measure", action="store_true", help="also time the baseline's log step, evaluation "
       "and final statistics over --stat_tokens tokens against its training step")
-    a("--stat_tokens", type=store.positive_int, default=MEASURE_STAT_TOKENS, help="see --measure")
+    a("--stat_tokens", type=store.positive_int, default=8192,
+      help="see --measure (the default: experiments/alignment's)")
     a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
-    a("--json", type=Path, default=None, help="write the results here (atomically)")
+    a("--json", type=Path, help="write the results here (atomically)")
     args = p.parse_args(argv)
-    device_type = runs.resolve_device(args, p.error)
-    if device_type not in SHAPES:
-        p.error(f"--device {args.device} is not supported; use cpu or cuda")
+    device_type = runs.resolve_device(args, p.error)  # cpu or cuda, or one sentence
     for key, value in SHAPES[device_type].items():
         setattr(args, key, getattr(args, key) or value)
     if args.no_train and not (args.loss_tokens or args.measure):
-        p.error("--no_train leaves nothing to measure; add --loss_tokens N")
+        p.error("--no_train leaves nothing to measure; add --loss_tokens N or --measure")
     if args.tf32 and device_type != "cuda":
         p.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
     if args.json is not None and args.json.is_dir():
         p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
                 f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
-    args.impls = distinct_paths(list(dict.fromkeys(args.loss_paths)), args.chunk_size, device_type)
+    args.impls = list(dict.fromkeys(args.loss_paths))
+    default_chunk = fused_loss.DEFAULT_CHUNK.get(device_type, 0)
+    same = {0: "plain", args.chunk_size: "chunked"}.get(default_chunk)
+    if "default" in args.impls and same in args.impls:  # one path: timed once
+        print(f"bench.py: the default loss path on {device_type} is the {same} one; timed once")
+        args.impls.remove("default")
     for size in args.sizes:
         refuse_what_cannot_fit(args, size, device_type, p.error)
     return args
-
-
-def distinct_paths(impls, chunk_size, device_type):
-    """The loss paths without a default that is another requested path on this device (CUDA:
-    the plain one; CPU with --chunk_size DEFAULT_CHUNK: the chunked one): timed once, not twice."""
-    same = {0: "plain", chunk_size: "chunked"}.get(fused_loss.DEFAULT_CHUNK.get(device_type, 0))
-    if "default" in impls and same in impls:
-        print(f"bench.py: the default loss path on {device_type} is the {same} one; timed once, "
-              f"as {same}")
-        impls.remove("default")
-    return impls
 
 
 def device_memory(device):
@@ -118,15 +103,15 @@ def device_memory(device):
 
 
 def refuse_what_cannot_fit(args, size, device_type, error):
-    """error(one sentence) when a size's step or loss alone needs more than the device's memory,
-    by a lower bound: a step keeps its token ids (16 bytes a token) and one float32 activation
-    of width D per layer; the head alone h and its gradient (8D), targets and float64 logits."""
+    """error(one sentence) where a lower bound of what a size needs exceeds the device's memory:
+    a step keeps its token ids (16 bytes a token) and a float32 activation of width D per layer;
+    the head alone h and its gradient (8D bytes a token), the targets and float64 logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
-    train_tokens = args.micro_batch * args.seq_len
+    tokens = args.micro_batch * args.seq_len
     needs = [] if args.no_train and not args.measure else [(
-        train_tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
-        f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {train_tokens:,} tokens "
-        f"per step", "--micro_batch or --seq_len")]
+        tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
+        f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {tokens:,} tokens per step",
+        "--micro_batch or --seq_len")]
     if args.loss_tokens:
         needs.append((args.loss_tokens * (8 * cfg["n_embd"] + 8 + 8 * args.vocab_size),
                       f"--loss_tokens {args.loss_tokens:,} (V = {args.vocab_size}, D = "
@@ -135,6 +120,12 @@ def refuse_what_cannot_fit(args, size, device_type, error):
         if need > have:
             error(f"{what} at {size} would need at least {fmt_memory(need)} of memory, but the "
                   f"{device_type} has {fmt_memory(have)}; lower {lower}")
+
+
+def fmt_memory(n):
+    """Bytes in GiB or a larger binary unit, for what a machine holds."""
+    exponent = min(max(3, int(math.log(max(n, 1), 1024))), 6)
+    return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,6 +166,7 @@ def peak_memory(device, work):
     return 1024 * (_rss_kib("VmHWM") - start)
 
 
+
 def timed(device, work):
     """Seconds of work(), between device syncs."""
     runs.sync(device)
@@ -189,9 +181,8 @@ def median_time(device, work, n):
 
 
 def round_robin(variants, run_once, steps):
-    """Each variant's list of run_once(variant) over `steps` rounds of one run each; the order
-    rotates every round, so no variant always runs first or after the same neighbour. Prints
-    each round's number as it ends: a slow device still shows progress."""
+    """Each variant's list of run_once(variant) over `steps` rounds, in an order that rotates
+    every round; prints each round's number as it ends, so a slow device shows progress."""
     results = {v: [] for v in variants}
     print(f"  {len(variants)} variants, timed rounds:", end="", flush=True)
     for r in range(steps):
@@ -206,10 +197,10 @@ def round_robin(variants, run_once, steps):
 # The training step of train.py, per size, head and loss path
 
 class Variant:
-    """One (head, loss path, head dtype) of a size: model, optimizer, step and evaluation
-    forward exactly as train.py builds them, one micro-batch per step."""
+    """One (head, loss path, head dtype) of a size: model, optimizer, step and no-grad
+    evaluation forward (eval_s) as train.py builds them, on one synthetic micro-batch."""
 
-    def __init__(self, args, size, head, impl, head_dtype, batch):
+    def __init__(self, args, size, head, impl, head_dtype):
         self.targs = train.parse_args(
             ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
              "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
@@ -223,7 +214,10 @@ class Variant:
         self.optimizer = train.make_optimizer(self.raw, self.targs)
         self.model = torch.compile(self.raw) if self.targs.compile else self.raw
         self.amp = train.autocast(self.device, self.targs.dtype)
-        self.batch, self.step = batch, 0
+        # uniformly random token ids, already on the device: no data loading is timed
+        tokens = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1),
+                               generator=torch.Generator().manual_seed(SEED))
+        self.batch, self.step = (tokens[:, :-1].to(self.device), tokens[:, 1:].to(self.device)), 0
 
     def run_step(self):
         self.result = train.train_step(self.model, self.optimizer, lambda: self.batch,
@@ -231,7 +225,6 @@ class Variant:
         self.step += 1
 
     def run_eval(self):
-        """One batch of train.evaluate: the compiled model, no grad, eval mode."""
         train.evaluate(self.model, self.targs, runs.Dist(0, 0, 1, self.device), self.amp,
                        batches=[self.batch])
 
@@ -241,59 +234,48 @@ class Variant:
                 timed(self.device, self.run_eval))
 
 
-def synthetic_batch(args, device):
-    """(x, y) of uniformly random token ids, already on the device: no data loading is timed."""
-    gen = torch.Generator().manual_seed(SEED)
-    tokens = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1), generator=gen)
-    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-
-
 def bench_size(args, size, publish):
     """Rows for one size, every head × loss path: each variant timed alone as soon as it is
     built (publish(rows so far) after each), then all of them in turns (publish(final rows))."""
     device = torch.device(args.device)
     print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …", flush=True)
-    batch = synthetic_batch(args, device)
+    peak, tokens = train.peak_flops(device, args.dtype), args.micro_batch * args.seq_len
     variants, alone, extra = {}, {}, {}
+
+    def rows(samples, timing):
+        """A row per variant: median step time, tokens/s, MFU, `extra`, add_relative's."""
+        out = []
+        for key, timings in samples.items():
+            seconds, model = statistics.median(timings), variants[key].raw
+            flops_per_token = model.flops_per_token(args.seq_len)
+            out.append({"size": size, **dict(zip(("head", "loss_impl", "head_dtype"), key)),
+                        "params": model.num_params(), "flops_per_token": flops_per_token,
+                        "step_s": seconds, "tokens_per_s": tokens / seconds,
+                        "mfu": flops_per_token * tokens / seconds / peak if peak else None,
+                        **extra[key], "timing": timing})
+        add_relative(out, "step_s")
+        return out
+
     keys = [(h, i, "auto") for h in args.heads for i in args.impls]
     keys += [("baseline", i, "float32") for i in args.impls if args.float32_head]
     for key in keys:
-        variant = variants[key] = Variant(args, size, *key, batch)
+        variant = variants[key] = Variant(args, size, *key)
         warmup_s, eval_warmup_s = variant.warm_up(args.warmup)
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
         extra[key] = {"peak_mem_bytes": peak_memory(device, variant.run_step),
                       "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
                       "eval_s": median_time(device, variant.run_eval, args.steps)}
-        publish(train_rows(args, size, variants, alone, extra, "alone"))
-    in_turns = round_robin(list(variants), lambda key: timed(device, variants[key].run_step),
-                           args.steps)
-    publish(train_rows(args, size, variants, in_turns, extra, "in turns"))
+        publish(rows(alone, "alone"))
+    publish(rows(round_robin(keys, lambda key: timed(device, variants[key].run_step),
+                             args.steps), "in turns"))
     del variants
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def train_rows(args, size, variants, samples, extra, timing):
-    """One row per timed variant: median step time, tokens/s, MFU, the extra measurements of
-    bench_size (peak memory, warm-up and evaluation times), and the overheads of add_relative."""
-    peak = train.peak_flops(torch.device(args.device), args.dtype)
-    tokens, rows = args.micro_batch * args.seq_len, []
-    for (head, impl, head_dtype), timings in samples.items():
-        seconds, model = statistics.median(timings), variants[head, impl, head_dtype].raw
-        flops_per_token = model.flops_per_token(args.seq_len)
-        rows.append({"size": size, "head": head, "loss_impl": impl, "head_dtype": head_dtype,
-                     "params": model.num_params(), "flops_per_token": flops_per_token,
-                     "step_s": seconds, "tokens_per_s": tokens / seconds,
-                     "mfu": flops_per_token * tokens / seconds / peak if peak else None,
-                     **extra[head, impl, head_dtype], "timing": timing})
-    add_relative(rows, "step_s")
-    return rows
-
-
 def add_relative(rows, key):
     """Compare rows measured in the same process (same size):
-        overhead      = key / key of the baseline with the same loss path (and the head in
-                        autocast's dtype) − 1
+        overhead      = key / key of the baseline with the same loss path (head dtype: auto) − 1
         vs_plain      = key / key of the plain path with the same head − 1     (chunked rows)
         mem_reduction = peak memory of the plain path / this row's             (chunked rows)"""
     def find(row, **changes):
@@ -309,38 +291,33 @@ def add_relative(rows, key):
                                 else None)
 
 
-# ---------------------------------------------------------------------------------------------
-# The run's measurements against its step (issue 29): train.py's own functions, baseline
-
 def bench_measure(args, size, publish):
-    """One row: a training step (step_s), a log step's statistics (log_step_s,
-    train.step_metrics), one evaluation batch (eval_s), medians of --steps, and the final
-    statistics over --stat_tokens tokens (final_stats_s, train.final_head_stats), timed once."""
+    """One row, the baseline's (issue 29): a training step, a log step's statistics
+    (train.step_metrics), one evaluation batch, medians of --steps, and the final statistics
+    over --stat_tokens tokens (train.final_head_stats), timed once."""
     device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
-    batch = synthetic_batch(args, device)
-    v = Variant(args, size, "baseline", "default", "auto", batch)
+    v = Variant(args, size, "baseline", "default", "auto")
     v.warm_up(max(1, args.warmup))  # a step first: the log step measures its result
-    batches = [batch] * -(-args.stat_tokens // batch[1].numel())
+    batches = [v.batch] * -(-args.stat_tokens // v.batch[1].numel())
     ctx = runs.Dist(0, 0, 1, device)
     works = {"step_s": v.run_step,
              "log_step_s": lambda: train.step_metrics(v.raw, v.result, v.targs, v.amp),
              "eval_s": v.run_eval,
              "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, ctx, v.amp, batches)}
-    row = {"size": size, "tokens": batch[1].numel(), "stat_tokens": batch[1].numel() *
-           len(batches), **{k: median_time(device, w, 1 if k == "final_stats_s" else args.steps)
-                            for k, w in works.items()}}
-    publish([row])
+    publish([{"size": size, "tokens": v.batch[1].numel(),
+              "stat_tokens": v.batch[1].numel() * len(batches),
+              **{k: median_time(device, w, 1 if k == "final_stats_s" else args.steps)
+                 for k, w in works.items()}}])
 
 
 # ---------------------------------------------------------------------------------------------
-# The LM head alone: forward + backward of head(h, W, targets)
+# The LM head alone: forward + backward of head(h, W, targets), ours against the anchors
 
 def loss_functions(name, args, device_type):
-    """{path: f(h, W, targets) → loss} for head `name`: this project's paths (plain, default,
-    chunked), then the anchors that can compute the same loss: F.cross_entropy(F.linear(·)) with
-    the head's extra terms written out, torch's F.linear_cross_entropy (CE only: baseline, μ-loss,
-    μ-centering), and on CUDA, where installed, Liger Kernel's and Apple's fused linear CE."""
+    """{path: f(h, W, targets) → loss} for head `name`: our paths, then the anchors that compute
+    its loss: F.cross_entropy(F.linear(·)) with the head's terms written out, torch's
+    F.linear_cross_entropy (CE heads), and on CUDA, where installed, Liger's and Apple's."""
     head = heads.build(name)
 
     def ours(path):
@@ -348,36 +325,31 @@ def loss_functions(name, args, device_type):
         variant.loss_path = path
         return lambda h, w, y: variant(h, w, y)[0]
 
-    def plus_mu_loss(ce_fn):  # the anchors do CE (+ cap / z-loss where they can); μ-loss is added
-        if name != "mu_loss":
-            return ce_fn
-        return lambda h, w, y: ce_fn(h, w, y) + head.regulariser(w, None, None)
+    def anchor(loss_fn, cast=True):
+        """loss_fn plus μ-loss's regulariser, which no anchor has; with `cast`, fed h and W in
+        autocast's dtype as F.linear is: the fused ops have no autocast rule and would run in
+        float32, so "ours against the best anchor" would compare bf16 with float32."""
+        def loss(h, weight, targets):
+            h_in, w_in = h, weight
+            if cast and torch.is_autocast_enabled(h.device.type):
+                dtype = torch.get_autocast_dtype(h.device.type)
+                h_in, w_in = h.to(dtype), weight.to(dtype)
+            value = loss_fn(h_in, w_in, targets)
+            return value + head.regulariser(weight, None, None) if name == "mu_loss" else value
+        return loss
 
-    paths = {"plain": ours(None), "default": ours(fused_loss.loss_path(None, device_type)),
-             "chunked": ours(functools.partial(fused_loss.chunked_loss, chunk_size=args.chunk_size,
-                                               torch_op=False))}
-    paths = {k: v for k, v in paths.items() if k in args.impls}
-    paths["F.ce(F.linear)"] = plus_mu_loss(functools.partial(naive_loss, head))
-    fused = {}
+    chunked = functools.partial(fused_loss.chunked_loss, chunk_size=args.chunk_size,
+                                torch_op=False)
+    paths = {"plain": None, "default": fused_loss.loss_path(None, device_type), "chunked": chunked}
+    fns = {k: ours(path) for k, path in paths.items() if k in args.impls}
+    fns["F.ce(F.linear)"] = anchor(functools.partial(naive_loss, head), cast=False)
     if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
-        fused["F.linear_ce"] = lambda h, w, y: F.linear_cross_entropy(
-            h, w, y, ignore_index=heads.IGNORE, options=options)
+        fns["F.linear_ce"] = anchor(lambda h, w, y: F.linear_cross_entropy(
+            h, w, y, ignore_index=heads.IGNORE, options=options))
     if device_type == "cuda":
-        fused |= gpu_anchors(head)
-    return paths | {k: plus_mu_loss(in_autocast_dtype(f)) for k, f in fused.items()}
-
-
-def in_autocast_dtype(loss_fn):
-    """loss_fn(h, W, y) fed h and W in autocast's dtype where autocast is on, as autocast feeds
-    F.linear: the fused ops have no autocast rule and would otherwise run in float32, so that
-    "ours against the best anchor" would compare a bf16 path with a float32 one."""
-    def cast(h, weight, targets):
-        if torch.is_autocast_enabled(h.device.type):
-            dtype = torch.get_autocast_dtype(h.device.type)
-            h, weight = h.to(dtype), weight.to(dtype)
-        return loss_fn(h, weight, targets)
-    return cast
+        fns |= {k: anchor(f) for k, f in gpu_anchors(head).items()}
+    return fns
 
 
 def naive_loss(head, h, weight, targets):
@@ -409,24 +381,9 @@ def gpu_anchors(head):
     return anchors
 
 
-def errors_vs_float64(name, loss_fn, h, weight, targets, amp):
-    """(|Δ loss|, max |Δ grad| / max |grad|) of loss_fn against heads.py's plain path in float64."""
-    def loss_and_grads(fn, h, weight):
-        h, weight = h.detach().requires_grad_(), weight.detach().requires_grad_()
-        loss = fn(h, weight, targets)
-        return loss.detach().double(), torch.autograd.grad(loss, (h, weight))
-    ref_loss, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
-                                         weight.double())
-    with amp:
-        loss, grads = loss_and_grads(loss_fn, h, weight)
-    grad_err = max(float((g.double() - r).abs().max() / r.abs().max())
-                   for g, r in zip(grads, ref_grads))
-    return float((loss - ref_loss).abs()), grad_err
-
-
 def bench_loss_path(args, size, publish):
-    """publish(rows) for the head alone at this size's width: every head × loss path (ours and
-    the anchors), timed in turns, with the errors of loss and gradients against float64."""
+    """publish(rows) for the head alone at this size's width: every head × loss path, timed in
+    turns, with the errors of loss and gradients against heads.py's plain path in float64."""
     device = torch.device(args.device)
     print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
@@ -436,6 +393,20 @@ def bench_loss_path(args, size, publish):
     targets = torch.randint(0, vocab, (n,), generator=gen).to(device)
     amp = train.autocast(device, args.dtype)
 
+    def loss_and_grads(fn, h, weight):
+        h, weight = h.detach().requires_grad_(), weight.detach().requires_grad_()
+        loss = fn(h, weight, targets)
+        return loss.detach().double(), torch.autograd.grad(loss, (h, weight))
+
+    def errors(name, loss_fn):
+        """|Δ loss| and max |Δ grad| / max |grad| against heads.py's plain path in float64."""
+        ref_loss, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
+                                             weight.double())
+        with amp:
+            loss, grads = loss_and_grads(loss_fn, h, weight)
+        return float((loss - ref_loss).abs()), max(
+            float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, ref_grads))
+
     def forward_backward(loss_fn):
         def work():
             with amp:
@@ -444,10 +415,10 @@ def bench_loss_path(args, size, publish):
             h.grad = weight.grad = None
         return work
 
-    works, errors = {}, {}
+    works, errs = {}, {}
     for name in args.heads:
         for path, loss_fn in loss_functions(name, args, device.type).items():
-            errors[name, path] = errors_vs_float64(name, loss_fn, h, weight, targets, amp)
+            errs[name, path] = errors(name, loss_fn)
             work = works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile
                                                         else loss_fn)
             for _ in range(args.warmup):
@@ -459,7 +430,7 @@ def bench_loss_path(args, size, publish):
     rows = [{"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
              "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
              "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
-             "loss_err": errors[name, path][0], "grad_err": errors[name, path][1]}
+             "loss_err": errs[name, path][0], "grad_err": errs[name, path][1]}
             for (name, path), peak_bytes in peaks.items()]
     add_relative(rows, "time_s")
     publish(rows)
@@ -468,27 +439,11 @@ def bench_loss_path(args, size, publish):
 # ---------------------------------------------------------------------------------------------
 # Output
 
-def fmt_bytes(n):
-    return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def fmt_memory(n):
-    """Bytes in GiB or a larger binary unit, for what a machine holds."""
-    exponent = min(max(3, int(math.log(max(n, 1), 1024))), 6)
-    return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
-
-
-def fmt_pct(x):
-    return "" if x is None else f"{100 * x:+.1f}%"
-
-
-def label(row):
-    """The head's name, and its dtype where it is not autocast's: `baseline+f32`."""
-    return row["head"] + ("+f32" if row.get("head_dtype") == "float32" else "")
-
-
 def print_tables(result):
     args, rows = result["settings"], result["train"]
+    mib = lambda n: "n/a" if n is None else f"{n / 2**20:,.1f} MiB"  # noqa: E731
+    pct = lambda x: "" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
+    label = lambda r: r["head"] + ("+f32" if r.get("head_dtype") == "float32" else "")  # noqa
     setting = (f"{result['device_name']}, {args['dtype']}, "
                f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}")
     if rows:
@@ -499,8 +454,7 @@ def print_tables(result):
             print(f"loss path: {impl}\n{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
             for size in args["sizes"]:
                 cells = {label(r): r for r in rows if (r["size"], r["loss_impl"]) == (size, impl)}
-                print(f"{size:>6} " + " ".join(f"{fmt_pct(cells[h]['overhead']):>10}"
-                                               for h in columns))
+                print(f"{size:>6} " + " ".join(f"{pct(cells[h]['overhead']):>10}" for h in columns))
         print(f"\n{'size':>6} {'head':>12} {'loss':>8} {'step ms':>9} {'eval ms':>8} "
               f"{'tokens/s':>10} {'MFU':>6} {'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
         for r in rows:
@@ -508,7 +462,7 @@ def print_tables(result):
             ratio = "" if r["mem_reduction"] is None else f"{r['mem_reduction']:.1f}×"
             print(f"{r['size']:>6} {label(r):>12} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
                   f"{1e3 * r['eval_s']:>8.1f} {r['tokens_per_s']:>10,.0f} {mfu:>6} "
-                  f"{fmt_bytes(r['peak_mem_bytes']):>10} {fmt_pct(r['vs_plain']):>9} {ratio:>6}")
+                  f"{mib(r['peak_mem_bytes']):>10} {pct(r['vs_plain']):>9} {ratio:>6}")
     if result["loss_path"]:
         print(f"\nLM head alone, forward + backward; {setting}; peak memory: "
               f"{result['memory_measure']}; × torch op: time / F.linear_cross_entropy's on "
@@ -519,29 +473,21 @@ def print_tables(result):
             ratio = "" if r["vs_torch_op"] is None else f"{r['vs_torch_op']:.2f}"
             print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
                   f"{r['loss_impl']:>15} {1e3 * r['time_s']:>8.1f} {ratio:>10} "
-                  f"{fmt_bytes(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} "
-                  f"{r['grad_err']:>9.1e}")
+                  f"{mib(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
     if result["measure"]:
         print(f"\nMeasurements against a training step (baseline); {setting}; log share: a log "
-              f"step over train.py's default --log_every 10 steps")
-        print(f"{'size':>6} {'step ms':>9} {'log step ms':>12} {'log share':>10} {'eval ms':>8} "
-              f"{'final stats s':>14} {'over tokens':>12}")
+              f"step over train.py's default --log_every 10 steps\n{'size':>6} {'step ms':>9} "
+              f"{'log step ms':>12} {'log share':>10} {'eval ms':>8} {'final stats s':>14} "
+              f"{'over tokens':>12}")
         for r in result["measure"]:
             print(f"{r['size']:>6} {1e3 * r['step_s']:>9.1f} {1e3 * r['log_step_s']:>12.1f} "
                   f"{r['log_step_s'] / (10 * r['step_s']):>10.1%} {1e3 * r['eval_s']:>8.1f} "
                   f"{r['final_stats_s']:>14.2f} {r['stat_tokens']:>12,}")
 
 
-def device_name(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({torch.get_num_threads()} threads)"
-
-
 def allow_recompiles(config, limit=64):
-    """Every head and loss path is its own compiled graph of GPT.forward; beyond torch's default
-    limit of 8 per function the rest would silently run uncompiled. cache_size_limit is the
-    name in every torch ≥ 2.0 (recompile_limit, from 2.7 on, is the same setting)."""
+    """Each head and loss path is its own compiled graph of GPT.forward: past torch's default
+    limit of 8 the rest would silently run eager (cache_size_limit: every torch ≥ 2.0's name)."""
     config.cache_size_limit = max(config.cache_size_limit, limit)
 
 
@@ -556,15 +502,15 @@ def main(argv=None):
     device = torch.device(args.device)
     torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # as train.py
     allow_recompiles(torch._dynamo.config)
-    result = {"device_name": device_name(device), "torch": torch.__version__,
+    result = {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+              else f"CPU ({torch.get_num_threads()} threads)", "torch": torch.__version__,
               "peak_flops": train.peak_flops(device, args.dtype),
               "memory_measure": ("torch.cuda.max_memory_allocated above the start"
                                  if device.type == "cuda" else "peak RSS growth (VmHWM)"),
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
               "train": [], "loss_path": [], "measure": []}
 
-    def publish(part):
-        """Where the size being measured hands its rows: after the earlier sizes' rows."""
+    def publish(part):  # a size's rows go after the earlier sizes'
         done = list(result[part])
 
         def rows_so_far(rows):
@@ -572,14 +518,13 @@ def main(argv=None):
             save(args.json, result)
         return rows_so_far
 
-    parts = {"train": (not args.no_train, bench_size),
-             "loss_path": (args.loss_tokens, bench_loss_path),
-             "measure": (args.measure, bench_measure)}
     size = args.sizes[0]
     try:
         save(args.json, result)  # at once: a --json that cannot be written ends before any work
         for size in args.sizes:
-            for part, (wanted, bench) in parts.items():
+            for part, wanted, bench in (("train", not args.no_train, bench_size),
+                                        ("loss_path", args.loss_tokens, bench_loss_path),
+                                        ("measure", args.measure, bench_measure)):
                 if wanted:
                     bench(args, size, publish(part))
     except store.WriteError as err:  # store.py's sentence, and what to do where it has none
