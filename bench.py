@@ -107,25 +107,21 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     a step keeps its token ids (16 bytes a token) and a float32 activation of width D per layer;
     the head alone h and its gradient (8D bytes a token), the targets and float64 logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
-    tokens = args.micro_batch * args.seq_len
-    needs = [] if args.no_train and not args.measure else [(
-        tokens * (16 + 4 * cfg["n_embd"] * cfg["n_layer"]),
-        f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {tokens:,} tokens per step",
-        "--micro_batch or --seq_len")]
-    if args.loss_tokens:
-        needs.append((args.loss_tokens * (8 * cfg["n_embd"] + 8 + 8 * args.vocab_size),
-                      f"--loss_tokens {args.loss_tokens:,} (V = {args.vocab_size}, D = "
-                      f"{cfg['n_embd']})", "--loss_tokens"))
-    for need, what, lower in needs:
+    tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
+    step = not args.no_train or args.measure  # a training step is built
+
+    def unit(n):  # GiB to EiB: what a machine holds
+        exponent = min(max(3, int(math.log(max(n, 1), 1024))), 6)
+        return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
+    for need, what, lower in [
+            (step * tokens * (16 + 4 * dim * cfg["n_layer"]), f"--micro_batch {args.micro_batch} "
+             f"× --seq_len {args.seq_len} = {tokens:,} tokens per step",
+             "--micro_batch or --seq_len"),
+            (args.loss_tokens * (8 * dim + 8 + 8 * args.vocab_size), f"--loss_tokens "
+             f"{args.loss_tokens:,} (V = {args.vocab_size}, D = {dim})", "--loss_tokens")]:
         if need > have:
-            error(f"{what} at {size} would need at least {fmt_memory(need)} of memory, but the "
-                  f"{device_type} has {fmt_memory(have)}; lower {lower}")
-
-
-def fmt_memory(n):
-    """Bytes in GiB or a larger binary unit, for what a machine holds."""
-    exponent = min(max(3, int(math.log(max(n, 1), 1024))), 6)
-    return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
+            error(f"{what} at {size} would need at least {unit(need)} of memory, but the "
+                  f"{device_type} has {unit(have)}; lower {lower}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,17 +163,15 @@ def peak_memory(device, work):
 
 
 
-def timed(device, work):
-    """Seconds of work(), between device syncs."""
-    runs.sync(device)
-    start = time.perf_counter()
-    work()
-    runs.sync(device)
-    return time.perf_counter() - start
-
-
-def median_time(device, work, n):
-    return statistics.median(timed(device, work) for _ in range(n))  # n ≥ 1
+def timed(device, work, n=1):
+    """The median over n runs of work()'s seconds, each between device syncs."""
+    def once():
+        runs.sync(device)
+        start = time.perf_counter()
+        work()
+        runs.sync(device)
+        return time.perf_counter() - start
+    return statistics.median(once() for _ in range(n))
 
 
 def round_robin(variants, run_once, steps):
@@ -264,7 +258,7 @@ def bench_size(args, size, publish):
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
         extra[key] = {"peak_mem_bytes": peak_memory(device, variant.run_step),
                       "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
-                      "eval_s": median_time(device, variant.run_eval, args.steps)}
+                      "eval_s": timed(device, variant.run_eval, args.steps)}
         publish(rows(alone, "alone"))
     publish(rows(round_robin(keys, lambda key: timed(device, variants[key].run_step),
                              args.steps), "in turns"))
@@ -307,23 +301,31 @@ def bench_measure(args, size, publish):
              "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, ctx, v.amp, batches)}
     publish([{"size": size, "tokens": v.batch[1].numel(),
               "stat_tokens": v.batch[1].numel() * len(batches),
-              **{k: median_time(device, w, 1 if k == "final_stats_s" else args.steps)
+              **{k: timed(device, w, 1 if k == "final_stats_s" else args.steps)
                  for k, w in works.items()}}])
 
 
-# ---------------------------------------------------------------------------------------------
-# The LM head alone: forward + backward of head(h, W, targets), ours against the anchors
+# ---- The LM head alone: forward + backward of head(h, W, targets), ours and the anchors ----
 
 def loss_functions(name, args, device_type):
     """{path: f(h, W, targets) → loss} for head `name`: our paths, then the anchors that compute
     its loss: F.cross_entropy(F.linear(·)) with the head's terms written out, torch's
-    F.linear_cross_entropy (CE heads), and on CUDA, where installed, Liger's and Apple's."""
+    F.linear_cross_entropy (CE heads), and on CUDA, where installed, Liger's and Apple's CCE."""
     head = heads.build(name)
 
     def ours(path):
         variant = heads.build(name)
         variant.loss_path = path
         return lambda h, w, y: variant(h, w, y)[0]
+
+    def naive(h, weight, targets):  # as one would write it with torch's ops
+        logits = F.linear(h, weight).float()
+        if head.cap is not None:
+            logits = head.cap * torch.tanh(logits / head.cap)
+        loss = F.cross_entropy(logits, targets, ignore_index=heads.IGNORE)
+        if name == "z_loss":
+            loss = loss + head.lam * torch.logsumexp(logits, dim=-1).square().mean()
+        return loss
 
     def anchor(loss_fn, cast=True):
         """loss_fn plus μ-loss's regulariser, which no anchor has; with `cast`, fed h and W in
@@ -342,43 +344,26 @@ def loss_functions(name, args, device_type):
                                 torch_op=False)
     paths = {"plain": None, "default": fused_loss.loss_path(None, device_type), "chunked": chunked}
     fns = {k: ours(path) for k, path in paths.items() if k in args.impls}
-    fns["F.ce(F.linear)"] = anchor(functools.partial(naive_loss, head), cast=False)
+    fns["F.ce(F.linear)"] = anchor(naive, cast=False)
     if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
         fns["F.linear_ce"] = anchor(lambda h, w, y: F.linear_cross_entropy(
             h, w, y, ignore_index=heads.IGNORE, options=options))
-    if device_type == "cuda":
-        fns |= {k: anchor(f) for k, f in gpu_anchors(head).items()}
-    return fns
-
-
-def naive_loss(head, h, weight, targets):
-    """The head's loss as one would write it with torch's ops on the full N × V logits."""
-    logits = F.linear(h, weight).float()
-    if head.cap is not None:
-        logits = head.cap * torch.tanh(logits / head.cap)
-    loss = F.cross_entropy(logits, targets, ignore_index=heads.IGNORE)
-    if head.name == "z_loss":
-        loss = loss + head.lam * torch.logsumexp(logits, dim=-1).square().mean()
-    return loss
-
-
-def gpu_anchors(head):
-    """Liger Kernel's and Cut Cross-Entropy's fused linear CE for this head, where importable
-    (optional, benchmark only; never a dependency of the project)."""
-    anchors = {}
+    if device_type != "cuda":
+        return fns
+    # optional anchors, never a dependency of the project
     with contextlib.suppress(ImportError, TypeError):  # not installed, or too old for softcap
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger = LigerFusedLinearCrossEntropyLoss(
             ignore_index=heads.IGNORE, **({"softcap": head.cap} if head.cap else {}),
-            **({"lse_square_scale": head.lam} if head.name == "z_loss" else {}))
-        anchors["liger"] = lambda h, w, y: liger(w, h, y)
+            **({"lse_square_scale": head.lam} if name == "z_loss" else {}))
+        fns["liger"] = anchor(lambda h, w, y: liger(w, h, y))
     with contextlib.suppress(ImportError):
         from cut_cross_entropy import linear_cross_entropy
-        if head.name != "z_loss":  # CCE has a soft-cap but no z-loss
-            anchors["cce"] = lambda h, w, y: linear_cross_entropy(
-                h, w, y, ignore_index=heads.IGNORE, softcap=head.cap)
-    return anchors
+        if name != "z_loss":  # CCE has a soft-cap but no z-loss
+            fns["cce"] = anchor(lambda h, w, y: linear_cross_entropy(
+                h, w, y, ignore_index=heads.IGNORE, softcap=head.cap))
+    return fns
 
 
 def bench_loss_path(args, size, publish):
@@ -393,19 +378,18 @@ def bench_loss_path(args, size, publish):
     targets = torch.randint(0, vocab, (n,), generator=gen).to(device)
     amp = train.autocast(device, args.dtype)
 
-    def loss_and_grads(fn, h, weight):
-        h, weight = h.detach().requires_grad_(), weight.detach().requires_grad_()
-        loss = fn(h, weight, targets)
-        return loss.detach().double(), torch.autograd.grad(loss, (h, weight))
+    def loss_and_grads(fn, *inputs):
+        inputs = [x.detach().requires_grad_() for x in inputs]
+        loss = fn(*inputs, targets)
+        return loss.detach().double(), torch.autograd.grad(loss, inputs)
 
-    def errors(name, loss_fn):
-        """|Δ loss| and max |Δ grad| / max |grad| against heads.py's plain path in float64."""
-        ref_loss, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
-                                             weight.double())
+    def errors(name, loss_fn):  # |Δ loss|, max |Δ grad| / max |grad|
+        ref, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
+                                        weight.double())
         with amp:
             loss, grads = loss_and_grads(loss_fn, h, weight)
-        return float((loss - ref_loss).abs()), max(
-            float((g.double() - r).abs().max() / r.abs().max()) for g, r in zip(grads, ref_grads))
+        return float((loss - ref).abs()), max(float((g.double() - r).abs().max() / r.abs().max())
+                                              for g, r in zip(grads, ref_grads))
 
     def forward_backward(loss_fn):
         def work():
@@ -419,19 +403,19 @@ def bench_loss_path(args, size, publish):
     for name in args.heads:
         for path, loss_fn in loss_functions(name, args, device.type).items():
             errs[name, path] = errors(name, loss_fn)
-            work = works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile
-                                                        else loss_fn)
+            works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile
+                                                 else loss_fn)
             for _ in range(args.warmup):
-                work()
+                works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
-    peaks = {key: peak_memory(device, work) for key, work in works.items()}
     seconds = {key: statistics.median(timings) for key, timings in samples.items()}
     torch_op = seconds.get(("baseline", "F.linear_ce"))
     rows = [{"size": size, "tokens": n, "dim": dim, "vocab": vocab, "head": name,
-             "loss_impl": path, "time_s": seconds[name, path], "peak_mem_bytes": peak_bytes,
+             "loss_impl": path, "time_s": seconds[name, path],
+             "peak_mem_bytes": peak_memory(device, works[name, path]),
              "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
              "loss_err": errs[name, path][0], "grad_err": errs[name, path][1]}
-            for (name, path), peak_bytes in peaks.items()]
+            for name, path in works]
     add_relative(rows, "time_s")
     publish(rows)
 
