@@ -37,8 +37,8 @@ from model import SIZES
 SHAPES = {"cuda": dict(micro_batch=16, seq_len=2048), "cpu": dict(micro_batch=4, seq_len=256)}
 STEPS, WARMUP, SEED, VOCAB_SIZE = 10, 3, 0, 50304
 LOSS_PATHS = {"plain": "heads.py's reference (--loss_chunk 0)",
-              "default": "train.py's default (fused_loss.DEFAULT_CHUNK for the device)",
-              "chunked": "fused_loss.chunked_loss with --chunk_size tokens per chunk"}
+              "default": "train.py's (fused_loss.DEFAULT_CHUNK for the device)",
+              "chunked": "fused_loss.chunked_loss, --chunk_size tokens at a time"}
 
 
 def parse_args(argv=None):
@@ -51,25 +51,21 @@ def parse_args(argv=None):
     a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
       help="heads to time (the baseline is always added: overheads are relative to it)")
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
-      help="loss paths to time: " + "; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
-    a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE,
-      help="tokens per chunk of the chunked loss path")
+      help="; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
+    a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE, help="for chunked")
     a("--steps", type=store.positive_int, default=STEPS, help="timed steps per variant")
     a("--warmup", type=store.non_negative_int, default=WARMUP, help="untimed steps first")
     a("--micro_batch", type=store.positive_int, help="sequences per step (CUDA: 16, CPU: 4)")
     a("--seq_len", type=store.positive_int, help="tokens per sequence (CUDA: 2048, CPU: 256)")
     a("--vocab_size", type=store.positive_int, default=VOCAB_SIZE, help="V")
-    a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
-      help="autocast dtype, as train.py (auto: bfloat16 on CUDA, float32 elsewhere)")
+    a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help="autocast, as train.py")
     a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (None: CUDA only)")
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
     a("--float32_head", action="store_true", help="also time the baseline's --head_dtype float32")
-    a("--loss_tokens", type=store.non_negative_int, default=0,
-      help="also time the LM head alone on this many tokens (0: skip)")
+    a("--loss_tokens", type=store.non_negative_int, default=0, help="also time the head alone")
     a("--measure", action="store_true", help="also time the baseline's log step, evaluation "
       "and final statistics over --stat_tokens tokens against its training step")
-    a("--stat_tokens", type=store.positive_int, default=8192,
-      help="see --measure (the default: experiments/alignment's)")
+    a("--stat_tokens", type=store.positive_int, default=8192, help="see --measure")
     a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
     a("--json", type=Path, help="write the results here (atomically)")
     args = p.parse_args(argv)
@@ -162,7 +158,6 @@ def peak_memory(device, work):
     return 1024 * (_rss_kib("VmHWM") - start)
 
 
-
 def timed(device, work, n=1):
     """The median over n runs of work()'s seconds, each between device syncs."""
     def once():
@@ -187,8 +182,7 @@ def round_robin(variants, run_once, steps):
     return results
 
 
-# ---------------------------------------------------------------------------------------------
-# The training step of train.py, per size, head and loss path
+# ---- The training step of train.py, per size, head and loss path ---------------------------
 
 class Variant:
     """One (head, loss path, head dtype) of a size: model, optimizer, step and no-grad
@@ -222,11 +216,6 @@ class Variant:
         train.evaluate(self.model, self.targs, runs.Dist(0, 0, 1, self.device), self.amp,
                        batches=[self.batch])
 
-    def warm_up(self, n):
-        """Seconds of n steps, and of one evaluation forward (the first of each compiles)."""
-        return (sum(timed(self.device, self.run_step) for _ in range(n)),
-                timed(self.device, self.run_eval))
-
 
 def bench_size(args, size, publish):
     """Rows for one size, every head × loss path: each variant timed alone as soon as it is
@@ -254,7 +243,8 @@ def bench_size(args, size, publish):
     keys += [("baseline", i, "float32") for i in args.impls if args.float32_head]
     for key in keys:
         variant = variants[key] = Variant(args, size, *key)
-        warmup_s, eval_warmup_s = variant.warm_up(args.warmup)
+        warmup_s = sum(timed(device, variant.run_step) for _ in range(args.warmup))
+        eval_warmup_s = timed(device, variant.run_eval)  # the first of each compiles
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
         extra[key] = {"peak_mem_bytes": peak_memory(device, variant.run_step),
                       "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
@@ -286,13 +276,14 @@ def add_relative(rows, key):
 
 
 def bench_measure(args, size, publish):
-    """One row, the baseline's (issue 29): a training step, a log step's statistics
-    (train.step_metrics), one evaluation batch, medians of --steps, and the final statistics
-    over --stat_tokens tokens (train.final_head_stats), timed once."""
+    """One row, the baseline's: medians of --steps training steps, log steps' statistics and
+    evaluation batches, and the final statistics over --stat_tokens tokens, timed once."""
     device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
     v = Variant(args, size, "baseline", "default", "auto")
-    v.warm_up(max(1, args.warmup))  # a step first: the log step measures its result
+    for _ in range(max(1, args.warmup)):  # at least one: the log step measures its result
+        v.run_step()
+    v.run_eval()
     batches = [v.batch] * -(-args.stat_tokens // v.batch[1].numel())
     ctx = runs.Dist(0, 0, 1, device)
     works = {"step_s": v.run_step,
@@ -420,9 +411,6 @@ def bench_loss_path(args, size, publish):
     publish(rows)
 
 
-# ---------------------------------------------------------------------------------------------
-# Output
-
 def print_tables(result):
     args, rows = result["settings"], result["train"]
     mib = lambda n: "n/a" if n is None else f"{n / 2**20:,.1f} MiB"  # noqa: E731
@@ -496,7 +484,6 @@ def main(argv=None):
 
     def publish(part):  # a size's rows go after the earlier sizes'
         done = list(result[part])
-
         def rows_so_far(rows):
             result[part] = done + rows
             save(args.json, result)
