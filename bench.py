@@ -7,10 +7,9 @@ measurements against its step.
     python bench.py --device cpu --no_train --measure    # a log step, an evaluation, final stats
 
 Each variant (size × head × loss path) is built as train.py builds it and timed on synthetic
-tokens between device syncs: warm-up steps (the first compiles), --steps steps alone, then all
-of a size's variants in turns, in an order that rotates every round, so drift falls on all
-alike. Peak memory comes from one extra untimed run. On a busy CPU use OMP_NUM_THREADS=1.
---json is rewritten atomically after every variant.
+tokens between device syncs: warm-up steps (the first compiles), --steps steps alone, then in
+turns with the size's others (the order rotates, so drift falls on all alike); peak memory in
+one extra run. --json is rewritten after every variant. On a busy CPU: OMP_NUM_THREADS=1.
 """
 import argparse
 import contextlib
@@ -46,8 +45,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
-    a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), metavar="SIZE",
-      help=f"model sizes, of {', '.join(SIZES)}")
+    a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), help="model sizes")
     a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
       help="heads to time (the baseline is always added: overheads are relative to it)")
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
@@ -58,7 +56,7 @@ def parse_args(argv=None):
     a("--micro_batch", type=store.positive_int, help="sequences per step (CUDA: 16, CPU: 4)")
     a("--seq_len", type=store.positive_int, help="tokens per sequence (CUDA: 2048, CPU: 256)")
     a("--vocab_size", type=store.positive_int, default=VOCAB_SIZE, help="V")
-    a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help="autocast, as train.py")
+    a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help="as train.py")
     a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (None: CUDA only)")
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
     a("--float32_head", action="store_true", help="also time the baseline's --head_dtype float32")
@@ -170,8 +168,7 @@ def timed(device, work, n=1):
 
 
 def round_robin(variants, run_once, steps):
-    """Each variant's list of run_once(variant) over `steps` rounds, in an order that rotates
-    every round; prints each round's number as it ends, so a slow device shows progress."""
+    """{variant: [run_once(variant) of each of `steps` rounds]}, the order rotating every round."""
     results = {v: [] for v in variants}
     print(f"  {len(variants)} variants, timed rounds:", end="", flush=True)
     for r in range(steps):
@@ -226,7 +223,6 @@ def bench_size(args, size, publish):
     variants, alone, extra = {}, {}, {}
 
     def rows(samples, timing):
-        """A row per variant: median step time, tokens/s, MFU, `extra`, add_relative's."""
         out = []
         for key, timings in samples.items():
             seconds, model = statistics.median(timings), variants[key].raw
@@ -270,9 +266,8 @@ def add_relative(rows, key):
         row["overhead"] = row[key] / find(row, head="baseline", **same_dtype)[key] - 1
         plain = find(row, loss_impl="plain") if row["loss_impl"] != "plain" else None
         row["vs_plain"] = row[key] / plain[key] - 1 if plain else None
-        row["mem_reduction"] = (plain["peak_mem_bytes"] / row["peak_mem_bytes"]
-                                if plain and plain["peak_mem_bytes"] and row["peak_mem_bytes"]
-                                else None)
+        both = plain and plain["peak_mem_bytes"] and row["peak_mem_bytes"]
+        row["mem_reduction"] = plain["peak_mem_bytes"] / row["peak_mem_bytes"] if both else None
 
 
 def bench_measure(args, size, publish):
@@ -318,16 +313,13 @@ def loss_functions(name, args, device_type):
             loss = loss + head.lam * torch.logsumexp(logits, dim=-1).square().mean()
         return loss
 
-    def anchor(loss_fn, cast=True):
-        """loss_fn plus μ-loss's regulariser, which no anchor has; with `cast`, fed h and W in
-        autocast's dtype as F.linear is: the fused ops have no autocast rule and would run in
-        float32, so "ours against the best anchor" would compare bf16 with float32."""
+    def anchor(loss_fn):
+        """loss_fn fed h and W in autocast's dtype, as F.linear is (the fused ops have no autocast
+        rule: they would run float32 against our bf16), plus μ-loss's term, which none has."""
         def loss(h, weight, targets):
-            h_in, w_in = h, weight
-            if cast and torch.is_autocast_enabled(h.device.type):
-                dtype = torch.get_autocast_dtype(h.device.type)
-                h_in, w_in = h.to(dtype), weight.to(dtype)
-            value = loss_fn(h_in, w_in, targets)
+            on = torch.is_autocast_enabled(h.device.type)
+            dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
+            value = loss_fn(h.to(dtype), weight.to(dtype), targets)
             return value + head.regulariser(weight, None, None) if name == "mu_loss" else value
         return loss
 
@@ -335,7 +327,7 @@ def loss_functions(name, args, device_type):
                                 torch_op=False)
     paths = {"plain": None, "default": fused_loss.loss_path(None, device_type), "chunked": chunked}
     fns = {k: ours(path) for k, path in paths.items() if k in args.impls}
-    fns["F.ce(F.linear)"] = anchor(naive, cast=False)
+    fns["F.ce(F.linear)"] = anchor(naive)
     if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
         fns["F.linear_ce"] = anchor(lambda h, w, y: F.linear_cross_entropy(
@@ -374,28 +366,24 @@ def bench_loss_path(args, size, publish):
         loss = fn(*inputs, targets)
         return loss.detach().double(), torch.autograd.grad(loss, inputs)
 
-    def errors(name, loss_fn):  # |Δ loss|, max |Δ grad| / max |grad|
-        ref, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
-                                        weight.double())
-        with amp:
-            loss, grads = loss_and_grads(loss_fn, h, weight)
-        return float((loss - ref).abs()), max(float((g.double() - r).abs().max() / r.abs().max())
-                                              for g, r in zip(grads, ref_grads))
-
     def forward_backward(loss_fn):
-        def work():
-            with amp:
-                loss = loss_fn(h, weight, targets)
-            loss.backward()
-            h.grad = weight.grad = None
-        return work
+        with amp:
+            loss = loss_fn(h, weight, targets)
+        loss.backward()
+        h.grad = weight.grad = None
 
     works, errs = {}, {}
     for name in args.heads:
+        ref, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
+                                        weight.double())
         for path, loss_fn in loss_functions(name, args, device.type).items():
-            errs[name, path] = errors(name, loss_fn)
-            works[name, path] = forward_backward(torch.compile(loss_fn) if args.compile
-                                                 else loss_fn)
+            with amp:
+                loss, grads = loss_and_grads(loss_fn, h, weight)
+            grad_err = max(float((g.double() - r).abs().max() / r.abs().max())  # relative
+                           for g, r in zip(grads, ref_grads))
+            errs[name, path] = {"loss_err": float((loss - ref).abs()), "grad_err": grad_err}
+            works[name, path] = functools.partial(
+                forward_backward, torch.compile(loss_fn) if args.compile else loss_fn)
             for _ in range(args.warmup):
                 works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
@@ -405,7 +393,7 @@ def bench_loss_path(args, size, publish):
              "loss_impl": path, "time_s": seconds[name, path],
              "peak_mem_bytes": peak_memory(device, works[name, path]),
              "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
-             "loss_err": errs[name, path][0], "grad_err": errs[name, path][1]}
+             **errs[name, path]}
             for name, path in works]
     add_relative(rows, "time_s")
     publish(rows)
@@ -436,10 +424,9 @@ def print_tables(result):
                   f"{1e3 * r['eval_s']:>8.1f} {r['tokens_per_s']:>10,.0f} {mfu:>6} "
                   f"{mib(r['peak_mem_bytes']):>10} {pct(r['vs_plain']):>9} {ratio:>6}")
     if result["loss_path"]:
-        print(f"\nLM head alone, forward + backward; {setting}; peak memory: "
-              f"{result['memory_measure']}; × torch op: time / F.linear_cross_entropy's on "
-              f"baseline; errors against heads.py's plain path in float64 (grad: max |Δ| / max "
-              f"|grad|)\n{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} "
+        print(f"\nLM head alone, forward + backward; {setting}; × torch op: time / baseline's "
+              f"F.linear_cross_entropy's; errors against float64 (grad: max |Δ| / max |grad|)\n"
+              f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} "
               f"{'× torch op':>10} {'peak mem':>10} {'|Δ loss|':>9} {'Δ grad':>9}")
         for r in result["loss_path"]:
             ratio = "" if r["vs_torch_op"] is None else f"{r['vs_torch_op']:.2f}"
@@ -482,12 +469,9 @@ def main(argv=None):
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
               "train": [], "loss_path": [], "measure": []}
 
-    def publish(part):  # a size's rows go after the earlier sizes'
-        done = list(result[part])
-        def rows_so_far(rows):
-            result[part] = done + rows
-            save(args.json, result)
-        return rows_so_far
+    def publish(part, done, rows):  # a size's rows go after the earlier sizes' (`done`)
+        result[part] = done + rows
+        save(args.json, result)
 
     size = args.sizes[0]
     try:
@@ -497,7 +481,7 @@ def main(argv=None):
                                         ("loss_path", args.loss_tokens, bench_loss_path),
                                         ("measure", args.measure, bench_measure)):
                 if wanted:
-                    bench(args, size, publish(part))
+                    bench(args, size, functools.partial(publish, part, list(result[part])))
     except store.WriteError as err:  # store.py's sentence, and what to do where it has none
         advice = ("" if ";" in str(err) else "; free space or write elsewhere"
                   if isinstance(err, store.DiskFullError) else "; give --json a file you can write")
