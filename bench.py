@@ -172,8 +172,7 @@ def round_robin(variants, run_once, steps):
     results = {v: [] for v in variants}
     print(f"  {len(variants)} variants, timed rounds:", end="", flush=True)
     for r in range(steps):
-        shift = r % len(variants)
-        for v in variants[shift:] + variants[:shift]:
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             results[v].append(run_once(v))
         print(f" {r + 1}", end="" if r + 1 < steps else "\n", flush=True)
     return results
@@ -182,8 +181,8 @@ def round_robin(variants, run_once, steps):
 # ---- The training step of train.py, per size, head and loss path ---------------------------
 
 class Variant:
-    """One (head, loss path, head dtype) of a size: model, optimizer, step and no-grad
-    evaluation forward (eval_s) as train.py builds them, on one synthetic micro-batch."""
+    """One (head, loss path, head dtype) of a size as train.py builds it: model, optimizer, step
+    and no-grad evaluation forward, on one micro-batch of random tokens already on the device."""
 
     def __init__(self, args, size, head, impl, head_dtype):
         self.targs = train.parse_args(
@@ -199,7 +198,7 @@ class Variant:
         self.optimizer = train.make_optimizer(self.raw, self.targs)
         self.model = torch.compile(self.raw) if self.targs.compile else self.raw
         self.amp = train.autocast(self.device, self.targs.dtype)
-        # uniformly random token ids, already on the device: no data loading is timed
+        self.ctx = runs.Dist(0, 0, 1, self.device)  # one process
         tokens = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1),
                                generator=torch.Generator().manual_seed(SEED))
         self.batch, self.step = (tokens[:, :-1].to(self.device), tokens[:, 1:].to(self.device)), 0
@@ -210,13 +209,12 @@ class Variant:
         self.step += 1
 
     def run_eval(self):
-        train.evaluate(self.model, self.targs, runs.Dist(0, 0, 1, self.device), self.amp,
-                       batches=[self.batch])
+        train.evaluate(self.model, self.targs, self.ctx, self.amp, batches=[self.batch])
 
 
 def bench_size(args, size, publish):
-    """Rows for one size, every head × loss path: each variant timed alone as soon as it is
-    built (publish(rows so far) after each), then all of them in turns (publish(final rows))."""
+    """publish(rows so far) after each variant of a size is built and timed alone, then
+    publish(rows) of all of them timed in turns."""
     device = torch.device(args.device)
     print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …", flush=True)
     peak, tokens = train.peak_flops(device, args.dtype), args.micro_batch * args.seq_len
@@ -248,9 +246,6 @@ def bench_size(args, size, publish):
         publish(rows(alone, "alone"))
     publish(rows(round_robin(keys, lambda key: timed(device, variants[key].run_step),
                              args.steps), "in turns"))
-    del variants
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def add_relative(rows, key):
@@ -279,14 +274,13 @@ def bench_measure(args, size, publish):
     for _ in range(max(1, args.warmup)):  # at least one: the log step measures its result
         v.run_step()
     v.run_eval()
-    batches = [v.batch] * -(-args.stat_tokens // v.batch[1].numel())
-    ctx = runs.Dist(0, 0, 1, device)
+    tokens = v.batch[1].numel()
+    batches = [v.batch] * -(-args.stat_tokens // tokens)
     works = {"step_s": v.run_step,
              "log_step_s": lambda: train.step_metrics(v.raw, v.result, v.targs, v.amp),
              "eval_s": v.run_eval,
-             "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, ctx, v.amp, batches)}
-    publish([{"size": size, "tokens": v.batch[1].numel(),
-              "stat_tokens": v.batch[1].numel() * len(batches),
+             "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, v.ctx, v.amp, batches)}
+    publish([{"size": size, "tokens": tokens, "stat_tokens": tokens * len(batches),
               **{k: timed(device, w, 1 if k == "final_stats_s" else args.steps)
                  for k, w in works.items()}}])
 
@@ -294,9 +288,8 @@ def bench_measure(args, size, publish):
 # ---- The LM head alone: forward + backward of head(h, W, targets), ours and the anchors ----
 
 def loss_functions(name, args, device_type):
-    """{path: f(h, W, targets) → loss} for head `name`: our paths, then the anchors that compute
-    its loss: F.cross_entropy(F.linear(·)) with the head's terms written out, torch's
-    F.linear_cross_entropy (CE heads), and on CUDA, where installed, Liger's and Apple's CCE."""
+    """{path: f(h, W, targets) → loss} for head `name`: ours, then anchors that compute its loss:
+    F.ce(F.linear) written out, F.linear_cross_entropy (CE heads), on CUDA Liger's and CCE."""
     head = heads.build(name)
 
     def ours(path):
@@ -332,9 +325,8 @@ def loss_functions(name, args, device_type):
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
         fns["F.linear_ce"] = anchor(lambda h, w, y: F.linear_cross_entropy(
             h, w, y, ignore_index=heads.IGNORE, options=options))
-    if device_type != "cuda":
+    if device_type != "cuda":  # the optional anchors below: never a dependency of the project
         return fns
-    # optional anchors, never a dependency of the project
     with contextlib.suppress(ImportError, TypeError):  # not installed, or too old for softcap
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         liger = LigerFusedLinearCrossEntropyLoss(
@@ -445,15 +437,9 @@ def print_tables(result):
 
 
 def allow_recompiles(config, limit=64):
-    """Each head and loss path is its own compiled graph of GPT.forward: past torch's default
-    limit of 8 the rest would silently run eager (cache_size_limit: every torch ≥ 2.0's name)."""
+    """Past torch's default of 8 graphs of GPT.forward (one per head and path) the rest would run
+    eager, silently; cache_size_limit is the name every torch ≥ 2.0 has."""
     config.cache_size_limit = max(config.cache_size_limit, limit)
-
-
-def save(path, result):
-    if path is not None:
-        store.make_folder(path.parent)
-        train.write_json(path, result)
 
 
 def main(argv=None):
@@ -471,24 +457,26 @@ def main(argv=None):
 
     def publish(part, done, rows):  # a size's rows go after the earlier sizes' (`done`)
         result[part] = done + rows
-        save(args.json, result)
+        if args.json is not None:
+            store.make_folder(args.json.parent)
+            train.write_json(args.json, result)
 
     size = args.sizes[0]
     try:
-        save(args.json, result)  # at once: a --json that cannot be written ends before any work
+        publish("train", [], [])  # at once: a --json that cannot be written ends before any work
         for size in args.sizes:
             for part, wanted, bench in (("train", not args.no_train, bench_size),
                                         ("loss_path", args.loss_tokens, bench_loss_path),
                                         ("measure", args.measure, bench_measure)):
                 if wanted:
                     bench(args, size, functools.partial(publish, part, list(result[part])))
+                    torch.cuda.empty_cache()  # the finished part's GPU memory goes back
     except store.WriteError as err:  # store.py's sentence, and what to do where it has none
         advice = ("" if ";" in str(err) else "; free space or write elsewhere"
                   if isinstance(err, store.DiskFullError) else "; give --json a file you can write")
         raise SystemExit(f"bench.py: error: --json: {err}{advice}") from None
     except RuntimeError as err:
-        if not (isinstance(err, torch.cuda.OutOfMemoryError)
-                or "can't allocate memory" in str(err)):
+        if not isinstance(err, torch.cuda.OutOfMemoryError) and "can't allocate" not in str(err):
             raise
         kept = f"; {args.json} holds what was measured before" if args.json else ""
         raise SystemExit(f"bench.py: error: {size} ran out of {device.type} memory; lower "
