@@ -1,21 +1,18 @@
-"""Speed and memory of train.py's training step, of its LM head's loss alone, and of a run's
-measurements against its step.
+"""Speed and memory of train.py's training step, of its LM head alone, and of its measurements.
 
     python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
     python bench.py --sizes 16M 221M --loss_paths plain default chunked --json out/bench.json
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
     python bench.py --device cpu --no_train --measure    # a log step, an evaluation, final stats
 
-Each variant (size × head × loss path) is built as train.py builds it and timed on synthetic
-tokens between device syncs: warm-up steps (the first compiles), --steps steps alone, then in
-turns with the size's others (the order rotates, so drift falls on all alike); peak memory in
-one extra run. --json is rewritten after every variant. On a busy CPU: OMP_NUM_THREADS=1.
+Each variant (size × head × loss path) is built as train.py builds it, timed on random tokens
+between device syncs: warm-up steps (the first compiles), --steps steps alone, then in turns with
+the size's others, the order rotating; peak memory in one more run. Busy CPU: OMP_NUM_THREADS=1.
 """
 import argparse
 import contextlib
 import ctypes
 import functools
-import math
 import os
 import re
 import statistics
@@ -46,8 +43,7 @@ def parse_args(argv=None):
     a = p.add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), help="model sizes")
-    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
-      help="heads to time (the baseline is always added: overheads are relative to it)")
+    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, help="with baseline")
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
       help="; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
     a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE, help="for chunked")
@@ -61,11 +57,10 @@ def parse_args(argv=None):
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
     a("--float32_head", action="store_true", help="also time the baseline's --head_dtype float32")
     a("--loss_tokens", type=store.non_negative_int, default=0, help="also time the head alone")
-    a("--measure", action="store_true", help="also time the baseline's log step, evaluation "
-      "and final statistics over --stat_tokens tokens against its training step")
-    a("--stat_tokens", type=store.positive_int, default=8192, help="see --measure")
+    a("--measure", action="store_true", help="also time a log step, an evaluation, final stats")
+    a("--stat_tokens", type=store.positive_int, default=8192, help="tokens of --measure's stats")
     a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
-    a("--json", type=Path, help="write the results here (atomically)")
+    a("--json", type=Path, help="write the results here, anew after every variant (atomically)")
     args = p.parse_args(argv)
     device_type = runs.resolve_device(args, p.error)  # cpu or cuda, or one sentence
     for key, value in SHAPES[device_type].items():
@@ -79,8 +74,7 @@ def parse_args(argv=None):
                 f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
     args.impls = list(dict.fromkeys(args.loss_paths))
-    default_chunk = fused_loss.DEFAULT_CHUNK.get(device_type, 0)
-    same = {0: "plain", args.chunk_size: "chunked"}.get(default_chunk)
+    same = {0: "plain", args.chunk_size: "chunked"}.get(fused_loss.DEFAULT_CHUNK[device_type])
     if "default" in args.impls and same in args.impls:  # one path: timed once
         print(f"bench.py: the default loss path on {device_type} is the {same} one; timed once")
         args.impls.remove("default")
@@ -105,7 +99,7 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     step = not args.no_train or args.measure  # a training step is built
 
     def unit(n):  # GiB to EiB: what a machine holds
-        exponent = min(max(3, int(math.log(max(n, 1), 1024))), 6)
+        exponent = min(max(3, (max(n, 1).bit_length() - 1) // 10), 6)  # ⌊log₁₀₂₄ n⌋
         return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
     for need, what, lower in [
             (step * tokens * (16 + 4 * dim * cfg["n_layer"]), f"--micro_batch {args.micro_batch} "
@@ -185,14 +179,13 @@ class Variant:
     and no-grad evaluation forward, on one micro-batch of random tokens already on the device."""
 
     def __init__(self, args, size, head, impl, head_dtype):
+        chunk = {"plain": ["--loss_chunk", "0"], "chunked": ["--loss_chunk", str(args.chunk_size)]}
         self.targs = train.parse_args(
-            ["--size", size, "--head", head, "--device", args.device, "--dtype", args.dtype,
-             "--micro_batch", str(args.micro_batch), "--batch_size", str(args.micro_batch),
-             "--seq_len", str(args.seq_len), "--vocab_size", str(args.vocab_size),
-             "--seed", str(SEED), "--compile" if args.compile else "--no-compile",
-             *["--tf32"] * args.tf32, *{"plain": ["--loss_chunk", "0"], "default": [],
-                                         "chunked": ["--loss_chunk", str(args.chunk_size)]}[impl],
-             *["--head_dtype", head_dtype] * (head_dtype != "auto")])
+            ["--size", size, "--head", head, "--head_dtype", head_dtype, "--device", args.device,
+             "--dtype", args.dtype, "--micro_batch", str(args.micro_batch), "--batch_size",
+             str(args.micro_batch), "--seq_len", str(args.seq_len), "--vocab_size",
+             str(args.vocab_size), "--seed", str(SEED), *chunk.get(impl, []),
+             "--compile" if args.compile else "--no-compile", *["--tf32"] * args.tf32])
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
@@ -220,16 +213,14 @@ def bench_size(args, size, publish):
     peak, tokens = train.peak_flops(device, args.dtype), args.micro_batch * args.seq_len
     variants, alone, extra = {}, {}, {}
 
-    def rows(samples, timing):
+    def rows(samples, timing):  # median step times, tokens/s and MFU beside extra[key]
         out = []
         for key, timings in samples.items():
-            seconds, model = statistics.median(timings), variants[key].raw
-            flops_per_token = model.flops_per_token(args.seq_len)
+            seconds = statistics.median(timings)
+            flops = extra[key]["flops_per_token"] * tokens / seconds
             out.append({"size": size, **dict(zip(("head", "loss_impl", "head_dtype"), key)),
-                        "params": model.num_params(), "flops_per_token": flops_per_token,
-                        "step_s": seconds, "tokens_per_s": tokens / seconds,
-                        "mfu": flops_per_token * tokens / seconds / peak if peak else None,
-                        **extra[key], "timing": timing})
+                        **extra[key], "step_s": seconds, "tokens_per_s": tokens / seconds,
+                        "mfu": flops / peak if peak else None, "timing": timing})
         add_relative(out, "step_s")
         return out
 
@@ -240,7 +231,9 @@ def bench_size(args, size, publish):
         warmup_s = sum(timed(device, variant.run_step) for _ in range(args.warmup))
         eval_warmup_s = timed(device, variant.run_eval)  # the first of each compiles
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
-        extra[key] = {"peak_mem_bytes": peak_memory(device, variant.run_step),
+        extra[key] = {"params": variant.raw.num_params(),
+                      "flops_per_token": variant.raw.flops_per_token(args.seq_len),
+                      "peak_mem_bytes": peak_memory(device, variant.run_step),
                       "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
                       "eval_s": timed(device, variant.run_eval, args.steps)}
         publish(rows(alone, "alone"))
@@ -461,7 +454,6 @@ def main(argv=None):
             store.make_folder(args.json.parent)
             train.write_json(args.json, result)
 
-    size = args.sizes[0]
     try:
         publish("train", [], [])  # at once: a --json that cannot be written ends before any work
         for size in args.sizes:
