@@ -32,8 +32,7 @@ from model import SIZES
 # CUDA: the paper's micro-batch; CPU: small, where 16 × 2048 tokens would take many seconds
 SHAPES = {"cuda": dict(micro_batch=16, seq_len=2048), "cpu": dict(micro_batch=4, seq_len=256)}
 STEPS, WARMUP, SEED, VOCAB_SIZE = 10, 3, 0, 50304
-LOSS_PATHS = {"plain": "heads.py's reference (--loss_chunk 0)",
-              "default": "train.py's (fused_loss.DEFAULT_CHUNK for the device)",
+LOSS_PATHS = {"plain": "heads.py's (--loss_chunk 0)", "default": "train.py's (DEFAULT_CHUNK)",
               "chunked": "fused_loss.chunked_loss, --chunk_size tokens at a time"}
 
 
@@ -69,7 +68,7 @@ def parse_args(argv=None):
         p.error("--no_train leaves nothing to measure; add --loss_tokens N or --measure")
     if args.tf32 and device_type != "cuda":
         p.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
-    if args.json is not None and args.json.is_dir():
+    if args.json and args.json.is_dir():
         p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
                 f"{args.json / 'bench.json'}")
     args.heads = ["baseline"] + [h for h in dict.fromkeys(args.heads) if h != "baseline"]
@@ -91,9 +90,8 @@ def device_memory(device):
 
 
 def refuse_what_cannot_fit(args, size, device_type, error):
-    """error(one sentence) where a lower bound of what a size needs exceeds the device's memory:
-    a step keeps its token ids (16 bytes a token) and a float32 activation of width D per layer;
-    the head alone h and its gradient (8D bytes a token), the targets and float64 logits."""
+    """error(one sentence) where a lower bound of the bytes a size needs exceeds the device's: per
+    token, a step's ids and a float32 activation per layer; the head alone's h, grad, logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
     step = not args.no_train or args.measure  # a training step is built
@@ -173,10 +171,8 @@ def round_robin(variants, run_once, steps):
 
 
 # ---- The training step of train.py, per size, head and loss path ---------------------------
-
 class Variant:
-    """One (head, loss path, head dtype) of a size as train.py builds it: model, optimizer, step
-    and no-grad evaluation forward, on one micro-batch of random tokens already on the device."""
+    """A (head, loss path, head dtype) of a size as train.py builds it, on one random batch."""
 
     def __init__(self, args, size, head, impl, head_dtype):
         chunk = {"plain": ["--loss_chunk", "0"], "chunked": ["--loss_chunk", str(args.chunk_size)]}
@@ -206,8 +202,7 @@ class Variant:
 
 
 def bench_size(args, size, publish):
-    """publish(rows so far) after each variant of a size is built and timed alone, then
-    publish(rows) of all of them timed in turns."""
+    """publish(rows) after each variant is built and timed alone, then once all are in turns."""
     device = torch.device(args.device)
     print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …", flush=True)
     peak, tokens = train.peak_flops(device, args.dtype), args.micro_batch * args.seq_len
@@ -279,7 +274,6 @@ def bench_measure(args, size, publish):
 
 
 # ---- The LM head alone: forward + backward of head(h, W, targets), ours and the anchors ----
-
 def loss_functions(name, args, device_type):
     """{path: f(h, W, targets) → loss} for head `name`: ours, then anchors that compute its loss:
     F.ce(F.linear) written out, F.linear_cross_entropy (CE heads), on CUDA Liger's and CCE."""
@@ -309,9 +303,8 @@ def loss_functions(name, args, device_type):
             return value + head.regulariser(weight, None, None) if name == "mu_loss" else value
         return loss
 
-    chunked = functools.partial(fused_loss.chunked_loss, chunk_size=args.chunk_size,
-                                torch_op=False)
-    paths = {"plain": None, "default": fused_loss.loss_path(None, device_type), "chunked": chunked}
+    paths = {"plain": None, "default": fused_loss.loss_path(None, device_type), "chunked":
+             functools.partial(fused_loss.chunked_loss, chunk_size=args.chunk_size, torch_op=False)}
     fns = {k: ours(path) for k, path in paths.items() if k in args.impls}
     fns["F.ce(F.linear)"] = anchor(naive)
     if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
@@ -335,8 +328,7 @@ def loss_functions(name, args, device_type):
 
 
 def bench_loss_path(args, size, publish):
-    """publish(rows) for the head alone at this size's width: every head × loss path, timed in
-    turns, with the errors of loss and gradients against heads.py's plain path in float64."""
+    """publish(rows) of the head alone at the size's width: heads × paths in turns, their errors."""
     device = torch.device(args.device)
     print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
@@ -378,8 +370,7 @@ def bench_loss_path(args, size, publish):
              "loss_impl": path, "time_s": seconds[name, path],
              "peak_mem_bytes": peak_memory(device, works[name, path]),
              "vs_torch_op": seconds[name, path] / torch_op if torch_op else None,
-             **errs[name, path]}
-            for name, path in works]
+             **errs[name, path]} for name, path in works]
     add_relative(rows, "time_s")
     publish(rows)
 
@@ -420,9 +411,8 @@ def print_tables(result):
                   f"{mib(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
     if result["measure"]:
         print(f"\nMeasurements against a training step (baseline); {setting}; log share: a log "
-              f"step over train.py's default --log_every 10 steps\n{'size':>6} {'step ms':>9} "
-              f"{'log step ms':>12} {'log share':>10} {'eval ms':>8} {'final stats s':>14} "
-              f"{'over tokens':>12}")
+              f"step / 10 steps (--log_every)\n{'size':>6} {'step ms':>9} {'log step ms':>12} "
+              f"{'log share':>10} {'eval ms':>8} {'final stats s':>14} {'over tokens':>12}")
         for r in result["measure"]:
             print(f"{r['size']:>6} {1e3 * r['step_s']:>9.1f} {1e3 * r['log_step_s']:>12.1f} "
                   f"{r['log_step_s'] / (10 * r['step_s']):>10.1%} {1e3 * r['eval_s']:>8.1f} "
@@ -430,9 +420,8 @@ def print_tables(result):
 
 
 def allow_recompiles(config, limit=64):
-    """Past torch's default of 8 graphs of GPT.forward (one per head and path) the rest would run
-    eager, silently; cache_size_limit is the name every torch ≥ 2.0 has."""
-    config.cache_size_limit = max(config.cache_size_limit, limit)
+    """Past torch's default of 8 graphs of GPT.forward (a head and path each) the rest run eager."""
+    config.cache_size_limit = max(config.cache_size_limit, limit)  # every torch ≥ 2.0 has this name
 
 
 def main(argv=None):
