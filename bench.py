@@ -42,7 +42,7 @@ def parse_args(argv=None):
     a = p.add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
     a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), help="model sizes")
-    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, help="with baseline")
+    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, help="baseline added")
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
       help="; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
     a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE, help="for chunked")
@@ -95,7 +95,6 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
     step = not args.no_train or args.measure  # a training step is built
-
     def unit(n):  # GiB to EiB: what a machine holds
         exponent = min(max(3, (max(n, 1).bit_length() - 1) // 10), 6)  # ⌊log₁₀₂₄ n⌋
         return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
@@ -254,8 +253,7 @@ def add_relative(rows, key):
 
 
 def bench_measure(args, size, publish):
-    """One row, the baseline's: medians of --steps training steps, log steps' statistics and
-    evaluation batches, and the final statistics over --stat_tokens tokens, timed once."""
+    """One row, the baseline's: medians of --steps steps, log steps and evaluations; final stats."""
     device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
     v = Variant(args, size, "baseline", "default", "auto")
@@ -400,8 +398,9 @@ def print_tables(result):
                   f"{1e3 * r['eval_s']:>8.1f} {r['tokens_per_s']:>10,.0f} {mfu:>6} "
                   f"{mib(r['peak_mem_bytes']):>10} {pct(r['vs_plain']):>9} {ratio:>6}")
     if result["loss_path"]:
-        print(f"\nLM head alone, forward + backward; {setting}; × torch op: time / baseline's "
-              f"F.linear_cross_entropy's; errors against float64 (grad: max |Δ| / max |grad|)\n"
+        print(f"\nLM head alone, forward + backward; {setting}; peak memory: "
+              f"{result['memory_measure']}; × torch op: time / baseline's F.linear_cross_entropy's;"
+              f" errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)\n"
               f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} "
               f"{'× torch op':>10} {'peak mem':>10} {'|Δ loss|':>9} {'Δ grad':>9}")
         for r in result["loss_path"]:
