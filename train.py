@@ -210,8 +210,8 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         say(f"step 0: val loss {run.init_loss:.4f} (ln V = {math.log(args.vocab_size):.4f})")
         if args.keep_every and ctx.master:
             save_snapshot(run.out, run.model, 0, run.config)
-    peak = peak_flops(ctx.device, args.dtype)
-    flops_per_token = run.model.flops_per_token(args.seq_len)
+    peak = peak_flops(ctx.device, args.dtype)  # MFU: tokens/s × FLOPs a token / all peaks
+    mfu_per_tok = run.model.flops_per_token(args.seq_len) / (peak * ctx.world_size) if peak else 0
     watch, next_batch = FiniteWatch(ctx.device), device_batches(run.loader, ctx.device)
     diverged_at, last_val, start = None, None, time.perf_counter()
     speed, first_step = Throughput(ctx.device, tokens_per_step), run.step + 1
@@ -235,8 +235,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
             metrics, log_s = timed(step_metrics, run.model, result, args, amp)
             record = {"step": step, "tokens": step * tokens_per_step, "lr": lr_at(step - 1, args),
                       **metrics, "tok_per_s": tok_per_s,
-                      "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size)
-                      if peak and tok_per_s else None}
+                      "mfu": mfu_per_tok * tok_per_s if mfu_per_tok and tok_per_s else None}
             if is_eval:
                 last_val, eval_s = timed(evaluate, run.compiled, args, ctx, amp)
                 record["val_loss"] = last_val
