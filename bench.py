@@ -41,8 +41,10 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, …")
-    a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), help="model sizes")
-    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, help="baseline added")
+    a("--sizes", nargs="+", default=["tiny"], choices=tuple(SIZES), metavar="SIZE",
+      help=", ".join(SIZES))
+    a("--heads", nargs="+", default=list(heads.HEADS), choices=heads.HEADS, metavar="HEAD",
+      help=", ".join(heads.HEADS) + " (the baseline is always added: overheads are relative to it)")
     a("--loss_paths", nargs="+", default=["plain", "default"], choices=LOSS_PATHS, metavar="PATH",
       help="; ".join(f"{k}: {v}" for k, v in LOSS_PATHS.items()))
     a("--chunk_size", type=store.positive_int, default=fused_loss.CHUNK_SIZE, help="for chunked")
@@ -94,14 +96,13 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     token, a step's ids and a float32 activation per layer; the head alone's h, grad, logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
-    step = not args.no_train or args.measure  # a training step is built
     def unit(n):  # GiB to EiB: what a machine holds
         exponent = min(max(3, (max(n, 1).bit_length() - 1) // 10), 6)  # ⌊log₁₀₂₄ n⌋
         return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
     for need, what, lower in [
-            (step * tokens * (16 + 4 * dim * cfg["n_layer"]), f"--micro_batch {args.micro_batch} "
-             f"× --seq_len {args.seq_len} = {tokens:,} tokens per step",
-             "--micro_batch or --seq_len"),
+            ((not args.no_train or args.measure) * tokens * (16 + 4 * dim * cfg["n_layer"]),
+             f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {tokens:,} tokens "
+             "per step", "--micro_batch or --seq_len"),
             (args.loss_tokens * (8 * dim + 8 + 8 * args.vocab_size), f"--loss_tokens "
              f"{args.loss_tokens:,} (V = {args.vocab_size}, D = {dim})", "--loss_tokens")]:
         if need > have:
@@ -257,9 +258,8 @@ def bench_measure(args, size, publish):
     device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
     v = Variant(args, size, "baseline", "default", "auto")
-    for _ in range(max(1, args.warmup)):  # at least one: the log step measures its result
-        v.run_step()
-    v.run_eval()
+    for warm_up in [v.run_step] * max(1, args.warmup) + [v.run_eval]:  # ≥ 1 step: the log step's input
+        warm_up()
     tokens = v.batch[1].numel()
     batches = [v.batch] * -(-args.stat_tokens // tokens)
     works = {"step_s": v.run_step,
