@@ -258,7 +258,7 @@ def bench_measure(args, size, publish):
     device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
     v = Variant(args, size, "baseline", "default", "auto")
-    for warm_up in [v.run_step] * max(1, args.warmup) + [v.run_eval]:  # ≥ 1 step: the log step's input
+    for warm_up in [v.run_step] * max(1, args.warmup) + [v.run_eval]:  # ≥ 1 step: the log reads it
         warm_up()
     tokens = v.batch[1].numel()
     batches = [v.batch] * -(-args.stat_tokens // tokens)
