@@ -17,11 +17,10 @@ def spread(x):
 
 
 def logit_stats(logits):
-    """The paper's logit statistics of each of the N rows of `logits` (N, V), as float64 (4, N)
-    in the order of LOGIT_STATS; for one token's logits l ∈ ℝⱽ:
+    """The paper's logit statistics of each row of `logits` (N, V), as float64 (4, N) in the order
+    of LOGIT_STATS; for one token's logits l ∈ ℝⱽ:
         l̄ = (1/V) Σᵢ lᵢ,   σ = √((1/V) Σᵢ (lᵢ − l̄)²),   maxᵢ |lᵢ|,   log²Z = (logsumexp l)².
-    Computed in float32: each is within 1e-5 (relative; l̄: of max|l|) of float64's (tested).
-    Their means over tokens are what the paper reports (Sec. 3). No .item(): no device sync."""
+    In float32, each within 1e-5 (relative; l̄: of max|l|) of float64's (tested); no device sync."""
     logits = logits.float()
     absmax = torch.maximum(logits.amax(dim=-1), -logits.amin(dim=-1))
     return torch.stack((logits.mean(dim=-1), spread(logits), absmax,
@@ -35,25 +34,19 @@ def logit_stat_sums(logits):
 
 @torch.no_grad()
 def precision_stats(head, h, weight, targets, dtype, chunk=64):
-    """What the LM head loses to a matmul in `dtype` (bf16 under autocast), per token of h (N, D)
-    with targets (N,) (none -1), as float64 (3, N) in the order of PRECISION_STATS, `chunk` tokens
-    at a time (temporaries of a few chunk × V floats). With
-    l⁰ = W·h exact, lᶜ = ⌊W⌋·⌊h⌋ (inputs rounded to `dtype`, exact products), lʳ = ⌊⌊W⌋·⌊h⌋⌋
-    (the matmul the head runs, its result rounded too) and σ = std over i of l⁰ᵢ:
-        prec_err_cast  = std_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: bf16 keeps 8 significant bits of
-                         each coordinate, so a row eᵢ = μ + (eᵢ − μ) with a large μ keeps few
-                         bits of its own part eᵢ − μ, and h rounds likewise
-        prec_err_round = std_i(lʳᵢ − lᶜᵢ)/σ   result rounding: each logit keeps 8 bits at its own
-                         magnitude, so a large common offset l̄ = μ·h (Lemma 1) rounds coarsely
+    """What a matmul in `dtype` (bf16 under autocast) costs the head, per token of h (N, D) with
+    targets (N,) (none -1), as float64 (3, N) in the order of PRECISION_STATS, `chunk` tokens at a
+    time. With l⁰ = W·h exact, lᶜ = ⌊W⌋·⌊h⌋ (inputs rounded to `dtype`, exact products),
+    lʳ = ⌊⌊W⌋·⌊h⌋⌋ (the head's matmul, its result rounded too) and σ = std over i of l⁰ᵢ:
+        prec_err_cast  = std_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: bf16 keeps 8 bits of each coordinate,
+                         so a row eᵢ = μ + (eᵢ − μ) with a large μ keeps few bits of eᵢ − μ
+        prec_err_round = std_i(lʳᵢ − lᶜᵢ)/σ   result rounding: a large common offset l̄ = μ·h
+                         (Lemma 1) rounds coarsely
         prec_ce_gap    = CE(lʳ) − CE(l⁰) = log Σᵢ pᵢ·e^δᵢ − δ_target,  p = softmax(l⁰), δ = lʳ − l⁰
-                         (after the cap): what the loss pays for both; expm1/log1p keep its digits
-    std over i, not rms: the part of an error common to all V logits of a token shifts them
-    together, which softmax and the loss cannot see (heads' Prop. 3 (iii)); what is left is
-    what they can. l⁰, lᶜ and the differences are formed in `wide`, float32 for a bf16 matmul and
-    float64 for a float32 one, whose own rounding is ≥ 2¹⁶× finer than the rounding measured:
-    each statistic is within 1e-3 (relative) of float64's (tested). Measured: ~5e-7 in float32,
-    ~2e-3 to 1e-2 in bf16 for a trained head with l̄ of a few units; μ = 0 removes the common
-    offset's part of the rounding."""
+                         (after the cap): what the loss pays for both
+    std over i, not rms: an error common to all V logits is one softmax cannot see (heads' Prop. 3
+    (iii)). Differences are formed in float32 for a bf16 matmul, float64 for a float32 one (≥ 2¹⁶×
+    finer than what is measured): each statistic is within 1e-3 (relative) of float64's (tested)."""
     wide = torch.float64 if dtype == torch.float32 else torch.float32
     with torch.autocast(h.device.type, enabled=False):
         w_low = weight.float().to(dtype)
@@ -103,7 +96,7 @@ def mean_state_alignment(h_mean, weight):
 def b_bounds(weight):
     """(B₋, B₊, ‖μ‖²) of Eq. 12 for `weight` (V, D), as float64 Python floats: the tight bounds
         ‖μ‖² − B₋ ≤ eᵢ·μ ≤ ‖μ‖² + B₊,   B₋ = ‖μ‖² − minᵢ eᵢ·μ,   B₊ = maxᵢ eᵢ·μ − ‖μ‖²,
-    both ≥ 0 because the mean over i of eᵢ·μ is μ·μ = ‖μ‖²."""
+    both ≥ 0 as the mean over i of eᵢ·μ is ‖μ‖²."""
     e = weight.detach().to(torch.float64)
     mu = e.mean(dim=0)
     mu_sq, dots = mu @ mu, e @ mu
@@ -112,11 +105,9 @@ def b_bounds(weight):
 
 def b_ratio(weight):
     """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0).
-
-    Since e*ᵢ·μ = eᵢ·μ − ‖μ‖² ∈ [−B₋, B₊] (Eq. 24), B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26):
-    for h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) states it for any h: exact
-    for h ∥ μ only; for other h either direction can fail (theorem4.py: the verdict, the proof).
-    """
+    As e*ᵢ·μ = eᵢ·μ − ‖μ‖² ∈ [−B₋, B₊] (Eq. 24), B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26): for
+    h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14) states it for any h: exact for
+    h ∥ μ only; for other h either direction can fail (theorem4.py: the verdict, the proof)."""
     b_minus, b_plus, mu_sq = b_bounds(weight)
     if mu_sq == 0:
         return 1.0

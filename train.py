@@ -1,18 +1,13 @@
 """One training run with the recipe of the paper's App. A, on one process or many (torchrun DDP):
 `python train.py --help` lists the options, grouped, with an example.
 
-One optimizer step: the global batch of --batch_size sequences is split into micro-batches of
---micro_batch sequences per process, A = batch_size / (micro_batch · world_size) of them on
-every process (gradient accumulation). Each micro-batch's loss is backpropagated as loss / A;
-DDP averages gradients over the processes on the last micro-batch only. Then the global
-gradient norm is clipped to 1.0, AdamW steps, and head.after_step(W) runs: μ-centering sets
-eᵢ ← eᵢ − μ. Every rank computes μ from identical weights, so no communication is needed.
+One optimizer step (train_step) splits the global batch of --batch_size sequences into
+A = batch_size / (micro_batch · world_size) micro-batches per process, backpropagates each loss
+as loss / A, clips the global gradient norm, steps AdamW and runs head.after_step(W).
 
-The run folder (--out_dir) holds config.json (the settings), log.jsonl (a line per log step,
-appended whole), ckpt.pt (what --resume needs, every --save_every steps) and summary.json
-(written at the end: the run is finished); config.json, ckpt.pt and summary.json are replaced
-atomically, and one process at a time may use the folder (runs.run_folder_lock). A run whose
-loss becomes non-finite stops, records diverged: true and exits 0, so a sweep carries on.
+The run folder (--out_dir, one process at a time) holds config.json, log.jsonl (a line per log
+step), ckpt.pt (every --save_every steps, for --resume) and summary.json (the run is finished),
+each written whole. A run whose loss turns non-finite stops, records diverged: true and exits 0.
 """
 import contextlib
 import math
@@ -28,21 +23,17 @@ import heads
 import measure
 from model import GPT, from_config
 from options import parse_args
-from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum, append_log,
-                  cpu_threads, device_batches, eta_seconds, log_line, peak_flops, run_process,
-                  save_checkpoint, save_snapshot, say_compile_failure, setup, timed, unwrap,
-                  val_batches, write_json)
+from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum,
+                  append_log, cpu_threads, device_batches, eta_seconds, log_line, peak_flops,
+                  run_process, save_checkpoint, save_snapshot, say_compile_failure, setup, timed,
+                  unwrap, val_batches, write_json)
 
-# ---------------------------------------------------------------------------------------------
-# The recipe of the paper's App. A (Table 4); the options and their
-# defaults (the paper's too) are in options.build_parser(): python train.py --help.
-ADAM_BETAS = (0.9, 0.95)
-ADAM_EPS = 1e-8
+# ---- The recipe of the paper's App. A (Table 4); the options: options.py (--help) ----------
+ADAM_BETAS, ADAM_EPS = (0.9, 0.95), 1e-8
 WEIGHT_DECAY = 0.0
 GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to this
 
-# ---------------------------------------------------------------------------------------------
-# The training step (bench.py reuses these)
+# ---- The training step (bench.py reuses these) ---------------------------------------------
 
 def build_model(args) -> GPT:
     """The GPT of --size with the head of --head; --seed fixes the initial weights."""
@@ -55,8 +46,7 @@ def build_model(args) -> GPT:
 def make_optimizer(model: GPT, args) -> torch.optim.AdamW:
     """AdamW with β = (0.9, 0.95), ε = 1e-8, no weight decay (App. A); fused on CUDA."""
     return torch.optim.AdamW(model.parameters(), lr=args.lr, betas=ADAM_BETAS, eps=ADAM_EPS,
-                             weight_decay=WEIGHT_DECAY,
-                             fused=next(model.parameters()).is_cuda)
+                             weight_decay=WEIGHT_DECAY, fused=next(model.parameters()).is_cuda)
 
 
 def lr_at(step: int, args) -> float:
@@ -85,22 +75,18 @@ class StepResult:
 
 
 def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) -> StepResult:
-    """One optimizer step: grad_accum micro-batches, clip, AdamW, head.after_step(W).
-
-    The gradient is g = (1/A) Σₐ ∇loss_a averaged over processes, the gradient of the mean
-    loss over the global batch (every micro-batch has the same number of tokens). Nothing
-    here waits for the device: the loss stays a tensor (its all-reduce is queued, not read)."""
+    """One optimizer step: A = grad_accum micro-batches, clip, AdamW, head.after_step(W). The
+    gradient g = (1/A) Σₐ ∇loss_a averaged over processes is that of the mean loss over the global
+    batch (every micro-batch has as many tokens); DDP all-reduces on the last micro-batch only.
+    Nothing here waits for the device: the loss stays a tensor (its all-reduce is queued)."""
     model = unwrap(wrapped)
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=model.output_weight.device)
     for micro in range(grad_accum):
         x, y = next_batch()
-        last = micro == grad_accum - 1
-        # DDP all-reduces gradients during backward; on the last micro-batch only.
-        sync = wrapped.no_sync() if isinstance(wrapped, DDP) and not last else \
-            contextlib.nullcontext()
-        with sync:
+        wait = isinstance(wrapped, DDP) and micro < grad_accum - 1  # no all-reduce yet
+        with wrapped.no_sync() if wait else contextlib.nullcontext():
             with amp:
                 loss, _ = wrapped(x, y)
             (loss / grad_accum).backward()
@@ -108,13 +94,12 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    model.head.after_step(model.output_weight)
+    model.head.after_step(model.output_weight)  # μ-centering: eᵢ ← eᵢ − μ, alike on every rank
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     return StepResult(all_reduce_sum(loss_sum) / (grad_accum * world_size), grad_norm, x, y)
 
 
-# ---------------------------------------------------------------------------------------------
-# Measurements
+# ---- The measurements -----------------------------------------------------------------------
 
 STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 × V floats
 LOG_STAT_TOKENS = 128   # tokens of a log step's logit statistics
@@ -132,10 +117,9 @@ def mu_norm(model: GPT) -> torch.Tensor:
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
                    max_tokens: int | None = None) -> torch.Tensor:
     """Σ x and Σ x² of each per-token statistic x of HEAD_STATS, the two token counts, then Σ h,
-    float64 (2·7 + 2 + D,) to add over batches and processes, over the tokens of x whose target
-    is not -1 (with max_tokens, every k-th, k = ⌈N / max_tokens⌉, across rows and positions):
-    measure.logit_stats of the logits as the run computes them on each, measure.precision_stats
-    on every PRECISION_STRIDE-th."""
+    float64 (2·7 + 2 + D,), over the tokens of x whose target is not -1 (with max_tokens, every
+    k-th, k = ⌈N / max_tokens⌉): measure.logit_stats of the logits as the run computes them on
+    each, measure.precision_stats on every PRECISION_STRIDE-th."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
     keep = y.flatten() != heads.IGNORE
@@ -144,11 +128,9 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
         stride = -(-len(h) // max_tokens)
         h, y = h[::stride], y[::stride]
     weight, dtype = model.output_weight, model.head.matmul_dtype or getattr(torch, args.dtype)
-
-    def logit_stats(chunk):
-        with amp:
-            return measure.logit_stats(model.head.logits(chunk, weight))
-    logit = torch.cat([logit_stats(c) for c in h.split(STAT_CHUNK)], dim=1)
+    with amp:
+        logit = torch.cat([measure.logit_stats(model.head.logits(c, weight))
+                           for c in h.split(STAT_CHUNK)], dim=1)
     h_p, y_p = h[::PRECISION_STRIDE], y[::PRECISION_STRIDE]
     precision = measure.precision_stats(model.head, h_p, weight, y_p, dtype, STAT_CHUNK)
     return torch.cat((logit.sum(dim=1), precision.sum(dim=1), logit.square().sum(dim=1),
@@ -202,16 +184,14 @@ def final_head_stats(model: GPT, args, ctx: Dist, amp, batches=None) -> dict:
 
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
-    """loss, grad_norm, ‖μ‖ and the head statistics of LOG_STAT_TOKENS tokens of this process's
-    last micro-batch (summed over processes; its cost against a step: bench.py --measure).
-    Reads device values, so log steps only."""
+    """loss, grad_norm, ‖μ‖ and head_stats of LOG_STAT_TOKENS tokens of this process's last
+    micro-batch (its cost against a step: bench.py --measure); reads the device: log steps only."""
     sums = head_stat_sums(model, result.last_x, result.last_y, args, amp, LOG_STAT_TOKENS)
     return {"loss": result.loss.item(), "grad_norm": result.grad_norm.item(),
             "mu_norm": mu_norm(model).item(), **head_stats(sums, model)}
 
 
-# ---------------------------------------------------------------------------------------------
-# The loop
+# ---- The loop -------------------------------------------------------------------------------
 
 def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     """Steps until --steps (or --stop_at), logging, evaluating and saving on the way, then the
@@ -231,10 +211,9 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
         say(f"step 0: val loss {run.init_loss:.4f} (ln V = {math.log(args.vocab_size):.4f})")
         if args.keep_every and ctx.master:
             save_snapshot(run.out, run.model, 0, run.config)
-    peak = peak_flops(ctx.device, args.dtype)
-    flops_per_token = run.model.flops_per_token(args.seq_len)
-    watch = FiniteWatch(ctx.device)
-    next_batch = device_batches(run.loader, ctx.device)
+    peak = peak_flops(ctx.device, args.dtype)  # MFU: tokens/s × FLOPs a token / all peaks
+    mfu_per_tok = run.model.flops_per_token(args.seq_len) / (peak * ctx.world_size) if peak else 0
+    watch, next_batch = FiniteWatch(ctx.device), device_batches(run.loader, ctx.device)
     diverged_at, last_val, start = None, None, time.perf_counter()
     speed, first_step = Throughput(ctx.device, tokens_per_step), run.step + 1
     while run.step < args.steps:
@@ -257,8 +236,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
             metrics, log_s = timed(step_metrics, run.model, result, args, amp)
             record = {"step": step, "tokens": step * tokens_per_step, "lr": lr_at(step - 1, args),
                       **metrics, "tok_per_s": tok_per_s,
-                      "mfu": flops_per_token * tok_per_s / (peak * ctx.world_size)
-                      if peak and tok_per_s else None}
+                      "mfu": mfu_per_tok * tok_per_s if mfu_per_tok and tok_per_s else None}
             if is_eval:
                 last_val, eval_s = timed(evaluate, run.compiled, args, ctx, amp)
                 record["val_loss"] = last_val
@@ -303,8 +281,7 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
 
 
 def train(args, ctx: Dist) -> GPT | None:
-    """Setup, then the training loop, in the run folder that global rank 0 locks and writes.
-    Returns the trained model (None when --resume finds the run finished)."""
+    """Setup, then the loop, in the run folder rank 0 locks: the model (None: already finished)."""
     say = print if ctx.master else (lambda *a, **k: None)
     with setup(args, ctx, say, build_model, make_optimizer) as run:
         model = run and training_loop(run, args, ctx, say)
@@ -314,7 +291,6 @@ def train(args, ctx: Dist) -> GPT | None:
 
 
 def main(argv=None) -> GPT | None:
-    """Train one run as the command line says; see train()."""
     args = parse_args(argv)
     with run_process(args) as ctx:
         return train(args, ctx)
