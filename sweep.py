@@ -1,18 +1,10 @@
 """
 sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
-results into the paper's tables and figures (drawn by report.py).
-
-    python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100  # one at a time
-    python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3              # four at once
-    python sweep.py run --grid lambda --out runs/lam --launcher slurm --nproc_per_node 4 --submit
-    python sweep.py collect runs/paper              # every summary.json -> runs/paper/results.csv
-    python sweep.py table runs/paper/results.csv    # Tables 2/3/6: Markdown + CSV
-    python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
+results into the paper's tables and figures (drawn by report.py); README's Reproduce has examples.
 
 Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
-run folder OUT/Run.name, finished when it has summary.json and config.json records what was
-asked; the same command again skips finished runs, resumes the others, and refuses folders of
-other settings before anything starts.
+run folder OUT/Run.name, finished when it has summary.json; the same command again skips
+finished runs, resumes the others, and refuses folders of other settings before anything starts.
 """
 import argparse
 import csv
@@ -35,7 +27,6 @@ import store
 from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
-# -----------------------------------------------------------------------------
 # the grids: the paper's (Eq. 19–21, 23) and the CPU proxy
 
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
@@ -110,9 +101,8 @@ class Run:
 
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
                 dtypes=None, seeds=None):
-    """Every point of a grid, an axis given here replacing the grid's own. λ is z_loss's and
-    mu_loss's, c soft_cap's: paper 7 η × 5 sizes × 2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 =
-    280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
+    """Every point of a grid, an axis given here replacing the grid's own: paper 7 η × 5 sizes ×
+    2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 = 280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
@@ -150,8 +140,7 @@ def check_axes(grid, axes):
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
 
-# -----------------------------------------------------------------------------
-# run folders -> results.csv, and a run's log
+# run folders: results.csv, a run's log, which are finished and do they hold what was asked
 
 RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
                        "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
@@ -197,21 +186,18 @@ def results_csv(run_root):
 def read_log(run_dir):
     """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
     path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
-    not_a_log = f"{path} is not a log of train.py (a line is not"
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except ValueError:
-        raise ValueError(f"{not_a_log} JSON)") from None
+        raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
     if not records:
         raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
                          f"or leave it out")
     if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
-        raise ValueError(f"{not_a_log} a JSON object with 'step' and 'loss')")
+        raise ValueError(f"{path} is not a log of train.py (a line is not a JSON object with "
+                         f"'step' and 'loss')")
     return records
 
-
-# -----------------------------------------------------------------------------
-# run folders: which are finished, and do they hold what was asked
 
 def is_finished(run_dir):  # a diverged run too
     return (Path(run_dir) / "summary.json").exists()
@@ -297,7 +283,6 @@ def check_out(out):
                          f"another --out")
 
 
-# -----------------------------------------------------------------------------
 # launching: locally (one or several at a time) or as a SLURM job array
 
 def train_command(run, out, extra_args, nproc_per_node=1):
@@ -328,11 +313,12 @@ def _start(run, slot, out, extra_args, slots, nproc_per_node):
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
     if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
         env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
-    log = open(Path(out) / "logs" / f"{run.name}.log", "a") if len(slots) > 1 else None
     print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
           f"{f' on GPU {slot}' if slot else ''}", flush=True)
-    stderr = subprocess.STDOUT if log else None
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=stderr), log
+    if len(slots) == 1:
+        return subprocess.Popen(cmd, env=env)
+    with open(Path(out) / "logs" / f"{run.name}.log", "a") as log:  # the run holds its own copy
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
@@ -346,14 +332,12 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
         while pending or running:
             while pending and free:
                 run, slot = pending.pop(0), free.pop(0)
-                proc, log = _start(run, slot, out, extra_args, slots, nproc_per_node)
-                running[proc] = (run, slot, log, time.time())
+                proc = _start(run, slot, out, extra_args, slots, nproc_per_node)
+                running[proc] = (run, slot, time.time())
             time.sleep(POLL_S)
             for proc in [p for p in running if p.poll() is not None]:
-                run, slot, log, started = running.pop(proc)
+                run, slot, started = running.pop(proc)
                 free.append(slot)
-                if log:
-                    log.close()
                 ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
                 durations.append(time.time() - started)
                 left = len(pending) + len(running)
@@ -363,18 +347,16 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                       f"{eta / 60:.0f} min", flush=True)
                 failed += [] if ok else [run.name]
                 if proc.returncode == USAGE_ERROR and pending:  # the others would fail alike
-                    print(f"sweep: train.py refused its command line ("
-                          f"{log.name if log else 'see above'}); the other {len(pending)} runs "
-                          f"were not started", flush=True)
+                    where = Path(out) / "logs" / f"{run.name}.log" if len(slots) > 1 else None
+                    print(f"sweep: train.py refused its command line ({where or 'see above'}); "
+                          f"the other {len(pending)} runs were not started", flush=True)
                     failed += [run.name for run in pending]
                     pending.clear()
     except BaseException:  # Ctrl-C, SIGTERM, a closed stdout: stop the runs in flight
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-        for proc, (_, _, log, _) in running.items():
+        for proc in running:
             proc.terminate()
             proc.wait()
-            if log:
-                log.close()
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -461,30 +443,23 @@ def cmd_run(args, extra_args):
         else:
             subprocess.run([shutil.which("sbatch"), str(script)], check=True)
     elif todo:
-        return run_local(args, todo, len(runs), extra_args)
+        if not TRAIN_PY.exists():
+            raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
+        slots = gpu_slots(args.gpus, args.nproc_per_node, args.jobs)
+        try:
+            failed = launch_local(todo, store.make_folder(args.out), extra_args, slots,
+                                  args.nproc_per_node)
+        except KeyboardInterrupt:
+            print("sweep: interrupted; run the same command again to resume", flush=True)
+            return 130
+        if failed:
+            print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
+                  f"again to retry them", flush=True)
+            return 1
+        print(f"sweep: all {len(runs)} runs finished", flush=True)
     return 0
 
 
-def run_local(args, todo, total, extra_args):
-    if not TRAIN_PY.exists():
-        raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
-    store.make_folder(args.out)
-    try:
-        failed = launch_local(todo, args.out, extra_args,
-                              gpu_slots(args.gpus, args.nproc_per_node, args.jobs),
-                              args.nproc_per_node)
-    except KeyboardInterrupt:
-        print("sweep: interrupted; run the same command again to resume", flush=True)
-        return 130
-    if failed:
-        print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
-              f"again to retry them", flush=True)
-        return 1
-    print(f"sweep: all {total} runs finished", flush=True)
-    return 0
-
-
-# -----------------------------------------------------------------------------
 # collect, table, plot, curves: report.py's text and figures, written atomically
 
 def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or not there
@@ -530,9 +505,6 @@ def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names 
                if (Path(run) / "config.json").exists() else {} for run in args.runs}
     save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
 
-
-# -----------------------------------------------------------------------------
-# command line
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
