@@ -2,16 +2,13 @@
 report.py — a results CSV as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and runs'
 logs as curves over training; sweep.py reads the run folders and writes the files.
 
-Learning-rate sensitivity (Wortsman et al. 2023; Eq. 22) of one size, tying and head over the
-n_η learning rates η swept, L(η) the final test loss (our validation split), L₀ the loss at
-initialisation (≈ ln V), a diverged run counted as L₀:
+Learning-rate sensitivity (Eq. 22) of one size, tying and head over the n_η learning rates η,
+L(η) the final test loss (our validation split), L₀ the loss at initialisation (≈ ln V):
 
-    LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
+    LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1),   a diverged run counting as L₀
 
-Eq. 22 writes a mean over all n_η; the divisor n_η − 1 (a mean over the η other than the best)
-is the one that gives back every printed digit of the paper's Table 2(ii) and Table 3 from its
-published runs (tests/test_sweep.py::test_reference_reproduces_table2), so it is the default and
-mean="literal" divides by n_η. Additional training time = mean train time / the baseline's − 1.
+Eq. 22 divides by n_η (mean="literal"); n_η − 1 gives back every printed digit of the paper's
+Table 2(ii) and Table 3 (tests/test_sweep.py::test_reference_reproduces_table2).
 """
 import csv
 import io
@@ -27,8 +24,8 @@ DEFAULT_LAM, DEFAULT_CAP = 1e-4, 30.0  # the paper's λ (outside Sec. 5) and sof
 # L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
 L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
 SIZE_ORDER = ("tiny", "small") + PAPER_SIZES
-# What a number of a run may be, in words and as a test (NaN fails all but the losses': a
-# diverged run's loss may be NaN or empty). sweep.py checks its grid by the same rules.
+# What a number of a run may be, in words and as a test (NaN fails all but the losses'); sweep.py
+# checks its grid by the same rules.
 RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "lam": ("a finite number ≥ 0", lambda v: math.isfinite(v) and v >= 0),
          "cap": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
@@ -36,8 +33,7 @@ RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "init_loss": ("≥ 0 (a cross-entropy)", lambda v: not v < 0),
          "train_time_s": ("≥ 0", lambda v: not v < 0)}
 TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
-# (column, what it is in words): Fig. 3's in the paper's order, then what the matmul's rounding
-# costs the head (measure.precision_stat_sums), drawn where a CSV has them
+# (column, in words): Fig. 3's in the paper's order, then the matmul's rounding, where logged
 METRICS = (("logit_mean", "mean logit l̄"), ("logit_std", "logit spread σ_l"),
            ("mu_norm", "‖μ‖, the output rows' mean"), ("logit_absmax", "largest |logit|"))
 PRECISION_METRICS = (("prec_err_cast", "logit error from rounding the inputs"),
@@ -63,21 +59,19 @@ def breaks_rule(name, value):
 # -----------------------------------------------------------------------------
 # LRS: the runs of one size, tying and variant reduced over the learning rates
 
-def capped_loss(row):
-    """min(L(η), L₀), a diverged or non-finite run counting as L₀."""
+def capped_loss(row):  # min(L(η), L₀), a diverged or non-finite run counting as L₀
     loss = row["test_loss"]
     return row["l0"] if row["diverged"] or not math.isfinite(loss) else min(loss, row["l0"])
 
 
 def lr_sensitivity(losses, mean="published"):
-    """LRS of capped losses: / (n_η − 1) ('published') or / n_η ('literal'); NaN for one η."""
+    """LRS of capped losses, / (n_η − 1) or / n_η ("literal"); NaN for one η."""
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
 
 @dataclass
-class Cell:
-    """One size × variant of a table: its runs reduced over the learning rates."""
+class Cell:  # one size × variant of a table: its runs reduced over the learning rates
     tie: bool
     head: str
     lam: float | None
@@ -137,21 +131,18 @@ def baseline_of(cell, cells):  # of the same size and tying, or None
                  and c.tie == cell.tie), None)
 
 
-def extra_time(cell, cells):
-    """Additional training time relative to the baseline."""
+def extra_time(cell, cells):  # mean train time / the baseline's − 1
     base = baseline_of(cell, cells)
     ok = base is not None and base.train_time_s > 0
     return cell.train_time_s / base.train_time_s - 1.0 if ok else math.nan
 
 
-def swept_lambda_heads(cells, tie):
-    """Heads run with more than one λ: they get their own Table 3 and Fig. 4."""
+def swept_lambda_heads(cells, tie):  # heads run with several λ: their own Table 3 and Fig. 4
     return [head for head in LAMBDA_HEADS
             if len({c.lam for c in cells if c.tie == tie and c.head == head}) > 1]
 
 
-def main_cells(cells, tie):
-    """The cells of Table 2 (untied) / 6 (tied): heads swept over λ show only λ = 1e-4 there."""
+def main_cells(cells, tie):  # Table 2 (untied) / 6 (tied): a head swept over λ at λ = 1e-4 only
     swept = swept_lambda_heads(cells, tie)
     return [c for c in cells if c.tie == tie and (c.head not in swept or c.lam == DEFAULT_LAM)]
 
@@ -166,13 +157,10 @@ def variant_label(variant, show_lam=False):
 # -----------------------------------------------------------------------------
 # reading a results CSV (sweep.py collect writes ours from the run folders)
 
-def csv_cell(value):
-    """A value as a CSV cell: empty for None, true/false, floats in full (repr)."""
+def csv_cell(value):  # empty for None, true/false, floats in full
     if value is None:
         return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def regular_file(path, hint):
@@ -206,8 +194,7 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
     return label_settings(rows)
 
 
-def _number(text, empty=math.nan):
-    """A CSV cell as a float; an empty cell or missing column gives `empty`."""
+def _number(text, empty=math.nan):  # a CSV cell as a float; an empty or missing one: empty
     if text in ("", None):
         return empty
     try:
@@ -249,9 +236,8 @@ def _typed_row(raw, l0):
 
 
 def label_settings(rows):
-    """The tables' and figures' columns are the model sizes; where the runs differ in matmul
-    dtype or seed (the proxy grid), each dtype gets a column of its own ("tiny bfloat16"), and
-    so does every seed but the first ("tiny bfloat16 seed1")."""
+    """Size labels name the matmul dtype where runs differ in it ("tiny bfloat16"), and every
+    seed but the first ("tiny bfloat16 seed1"): each is a column of the tables and figures."""
     dtypes = {row.get("dtype") or "" for row in rows}
     seeds = sorted({int(row["seed"]) for row in rows if row.get("seed") not in (None, "")})
     for row in rows:
@@ -277,25 +263,25 @@ ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/�
              "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
 
 
-def _row_header(cells):
-    return "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
+def _markdown_grid(cells, header, rows):
+    """A Markdown table: header, then rows, behind a first column of the cells' size labels."""
+    first = "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
+    lines = [f"| {first} | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     """Rows = sizes, columns = variants; the best value of each row in bold (best=None: none)."""
     variants = sorted({c.variant for c in cells}, key=variant_order)
     at = {(c.size, c.variant): value(c) for c in cells}
-    lines = [f"| {_row_header(cells)} | " + " | ".join(variant_label(v, show_lam)
-                                                       for v in variants) + " |",
-             "|---" * (len(variants) + 1) + "|"]
+    rows = []
     for size in sorted({c.size for c in cells}, key=size_order):
         values = [at.get((size, v), math.nan) for v in variants]
         finite = [x for x in values if not isinstance(x, str) and math.isfinite(x)]
         top = fmt(best(finite)) if best and finite else None
         texts = [x if isinstance(x, str) else fmt(x) if math.isfinite(x) else "–" for x in values]
-        texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
-        lines.append(f"| {size} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+        rows.append([size, *(f"**{t}**" if t == top else t for t in texts)])  # ties as shown too
+    return _markdown_grid(cells, [variant_label(v, show_lam) for v in variants], rows)
 
 
 def time_text(cell, cells):
@@ -308,25 +294,20 @@ def time_text(cell, cells):
 
 
 def bf16_resolution(row):
-    """The gap between neighbouring bf16 numbers at the run's typical logit magnitude
-    x = √(l̄² + σ_l²), 2^(⌊log₂ x⌋ − 7) (8 significant bits: float64's ulp × 2⁴⁵), over its
-    logit spread σ_l. Most logits sit within a few σ_l of l̄, so the rounding the softmax sees
-    (its spread over the vocabulary) is about this / √12; near 1 and above, bf16 no longer
-    resolves the spread that carries the prediction (the paper's baseline at large η)."""
+    """The bf16 spacing at the typical logit x = √(l̄² + σ_l²), 2^(⌊log₂ x⌋ − 7) (float64's ulp
+    × 2⁴⁵), over σ_l: the softmax sees rounding of about this / √12 of the logits' spread; near 1
+    and above, bf16 no longer resolves the prediction (the paper's baseline at large η)."""
     return math.ulp(math.hypot(row["logit_mean"], row["logit_std"])) * 2 ** 45 / row["logit_std"]
 
 
 def per_lr_table(cells, text):
-    """Rows = size and variant, columns = η; a cell is text(cell, capped loss, results row) of
-    the run at that η, "–" where none ran."""
-    lrs = sorted({lr for c in cells for lr in c.lrs})
-    lines = [f"| {_row_header(cells)} | head | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
-             "|---" * (len(lrs) + 2) + "|"]
+    """Rows = size and variant, columns = η, an entry text(cell, capped loss, row), "–": no run."""
+    lrs, rows = sorted({lr for c in cells for lr in c.lrs}), []
     for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
         by_lr = dict(zip(c.lrs, zip(c.losses, c.rows)))
-        texts = [text(c, *by_lr[lr]) if lr in by_lr else "–" for lr in lrs]
-        lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+        rows.append([c.size, variant_label(c.variant),
+                     *(text(c, *by_lr[lr]) if lr in by_lr else "–" for lr in lrs)])
+    return _markdown_grid(cells, ["head", *(f"η={lr:g}" for lr in lrs)], rows)
 
 
 def markdown_report(cells, mean="published", l0=None):
@@ -340,15 +321,15 @@ def markdown_report(cells, mean="published", l0=None):
              f"diverged run counts as L₀. Additional training time = mean train time over the "
              f"runs that did not diverge / the baseline's − 1. Best loss and LRS per size in "
              f"bold. {HEAD_WORDS}"]
-    optimal, sensitivity = (lambda c: c.optimal_loss), (lambda c: c.lrs_value)
-    loss_fmt, lrs_fmt = "{:.2f}".format, "{:.3f}".format
+    def loss_and_lrs(cells, show_lam=False):  # (i) and (ii)
+        return [LOSS, _markdown_table(cells, lambda c: c.optimal_loss, "{:.2f}".format, min,
+                                      show_lam),
+                LRS, _markdown_table(cells, lambda c: c.lrs_value, "{:.3f}".format, min, show_lam)]
     for tie in sorted({c.tie for c in cells}):
         tying = "with weight tying" if tie else "without weight tying"
         main = main_cells(cells, tie)
         n_lrs = "/".join(str(n) for n in sorted({len(c.lrs) for c in main}))
-        parts += [f"## All variants, {tying} ({n_lrs} learning rates)",
-                  LOSS, _markdown_table(main, optimal, loss_fmt),
-                  LRS, _markdown_table(main, sensitivity, lrs_fmt),
+        parts += [f"## All variants, {tying} ({n_lrs} learning rates)", *loss_and_lrs(main),
                   TIME, _markdown_table(main, lambda c: time_text(c, cells), "{:.1f}%".format,
                                         best=None)]
         if any(time_text(c, cells) == "n/c" for c in main):
@@ -363,9 +344,7 @@ def markdown_report(cells, mean="published", l0=None):
                 f"{row['logit_mean'] / row['mu_norm']:.2f}" if row["mu_norm"] > 0 else "–"))]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
-            parts += [f"## {head} for several λ, {tying}",
-                      LOSS, _markdown_table(swept, optimal, loss_fmt, show_lam=True),
-                      LRS, _markdown_table(swept, sensitivity, lrs_fmt, show_lam=True)]
+            parts += [f"## {head} for several λ, {tying}", *loss_and_lrs(swept, show_lam=True)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -436,8 +415,7 @@ def _log_scale(ax, scale, values):
         ax.set_ylim(bottom=-0.3)  # not down to −1, where no value lies
 
 
-def figures(cells, ref_cells=()):
-    """Yield (file stem, figure), ref_cells (the paper's) dashed; each is closed after use."""
+def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed; each closed after use
     plt = _pyplot()
     for tie in sorted({c.tie for c in cells}):
         tying = "tied" if tie else "untied"
