@@ -50,8 +50,7 @@ SOLID = dict(ls="-", marker="o", ms=4)  # our runs
 DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with a reference CSV
 
 
-def breaks_rule(name, value):
-    """The rule (in words) that value breaks as setting `name`, or None if it is valid."""
+def breaks_rule(name, value):  # the rule (in words) value breaks as setting name, else None
     rule, test = RULES[name]
     return None if test(value) else rule
 
@@ -216,7 +215,8 @@ def _typed_row(raw, l0):
     row = dict(raw)
     row.update(lr=_number(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),
-               diverged=boolean(row.get("diverged") or "false"))
+               diverged=boolean(row.get("diverged") or "false"),
+               **{name: _number(row.get(name)) for name, _ in METRICS + PRECISION_METRICS})
     lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if row["head"] in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if row["head"] == "soft_cap" else None
@@ -225,8 +225,6 @@ def _typed_row(raw, l0):
     for name in RULES:
         if rule := breaks_rule(name, row[name]) if row[name] is not None else None:
             raise ValueError(f"{name} is {raw.get(name) or 'empty'}, but it must be {rule}")
-    for name, _ in METRICS + PRECISION_METRICS:
-        row[name] = _number(row.get(name))
     own = row["init_loss"] if math.isfinite(row["init_loss"]) else L0_BY_SIZE.get(row["size"])
     if l0 is None and own is None:
         raise ValueError(f"no loss at initialisation for size {row['size']!r} (no init_loss "
@@ -400,8 +398,7 @@ def _finish(fig, title):
 
 
 def _log_scale(ax, scale, values):
-    """A log or symlog (linear within ±1) y axis, labels written out, at 1, 2, 5 × 10ᵏ within
-    about a decade so that there are several."""
+    """A log or symlog (linear within ±1) y axis, labelled at 1, 2, 5 × 10ᵏ within a decade."""
     from matplotlib import ticker
     positive = [abs(v) for v in values if v != 0] or [1.0]
     low = max(min(positive), 1.0) if scale == "symlog" else min(positive)
@@ -420,24 +417,21 @@ def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed; each
     for tie in sorted({c.tie for c in cells}):
         tying = "tied" if tie else "untied"
         ours, ref = main_cells(cells, tie), main_cells(ref_cells, tie)
-        drawn = {f"fig2_loss_lrs_{tying}": lambda: _loss_and_lrs(
-                     plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
-                     lambda c: variant_label(c.variant),
-                     f"Loss vs learning rate, and LRS ({tying})"),
-                 f"fig3_logits_{tying}": lambda: _metrics(
-                     plt, ours, ref, f"Logit statistics, ‖μ‖ and the head's rounding vs "
-                                     f"learning rate ({tying})")}
-        for head in swept_lambda_heads(cells, tie):
-            def fig4(head=head):  # Fig. 2's layout for one head, a colour per λ
-                mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
-                                for source in (cells, ref_cells))
-                lams = sorted({c.lam for c in mine + theirs})
-                return _loss_and_lrs(plt, mine, theirs, lambda c: plt.get_cmap("viridis")(
-                    0.9 * lams.index(c.lam) / max(len(lams) - 1, 1)), lambda c: f"λ={c.lam:g}",
-                    f"{head}: λ sensitivity ({tying})")
-            drawn[f"fig4_lambda_{head}_{tying}"] = fig4
-        for stem, draw in drawn.items():
-            yield stem, (fig := draw())
+        yield f"fig2_loss_lrs_{tying}", (fig := _loss_and_lrs(
+            plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
+            lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})"))
+        plt.close(fig)
+        yield f"fig3_logits_{tying}", (fig := _metrics(plt, ours, ref, (
+            f"Logit statistics, ‖μ‖ and the head's rounding vs learning rate ({tying})")))
+        plt.close(fig)
+        for head in swept_lambda_heads(cells, tie):  # Fig. 2's layout, a colour per λ
+            mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
+                            for source in (cells, ref_cells))
+            lams = sorted({c.lam for c in mine + theirs})
+            yield f"fig4_lambda_{head}_{tying}", (fig := _loss_and_lrs(
+                plt, mine, theirs, lambda c: plt.get_cmap("viridis")(
+                    0.9 * lams.index(c.lam) / max(len(lams) - 1, 1)),
+                lambda c: f"λ={c.lam:g}", f"{head}: λ sensitivity ({tying})"))
             plt.close(fig)
 
 
@@ -470,8 +464,7 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
     variants = sorted({c.variant for c in cells + ref_cells}, key=variant_order)
     for k, variant in enumerate(variants):
         for source, style, suffix in ((cells, SOLID, ""), (ref_cells, DASHED, " (paper)")):
-            if line := sorted((c for c in source if c.variant == variant),
-                              key=lambda c: size_order(c.size)):
+            if line := [c for c in source if c.variant == variant]:  # by size, as reduce_runs
                 dodge = 0 if by_size else 0.5 * (k + 0.5) / len(variants) - 0.25
                 ax.plot([list(columns).index(c.size) + dodge for c in line],
                         [c.lrs_value for c in line], color=color_of(line[0]),
@@ -490,9 +483,8 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
 
 
 def _metrics(plt, cells, ref_cells, title):
-    """Fig. 3: METRICS (and PRECISION_METRICS where logged) vs η, rows = metrics, columns as in
-    Fig. 2 (one column: two rows of metrics); a metric's panels share a y scale, symlog where it
-    passes 50 (the baseline's ‖μ‖, while μ-centering's stays at 0)."""
+    """Fig. 3: METRICS (and PRECISION_METRICS where logged) vs η, a row per metric, columns as in
+    Fig. 2 (one column: a grid); a metric's panels share a y scale, symlog where it passes 50."""
     columns = _columns(cells + ref_cells)
     metrics = METRICS + tuple(m for m in PRECISION_METRICS
                               if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
@@ -528,8 +520,7 @@ CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), METRICS[2]
 # the settings a curves figure names: in its title where the runs share them, else in labels
 CURVE_SETTINGS = {"size": "{} model", "lr": "η = {}", "tie": "", "dtype": "{} matmuls",
                   "seed": "seed {}", "lam": "λ = {}", "cap": "c = {}", "steps": "{} steps",
-                  "batch_size": "batches of {}", "seq_len": "{}-token sequences",
-                  "data": "on {}"}
+                  "batch_size": "batches of {}", "seq_len": "{}-token sequences", "data": "on {}"}
 LINE_STYLES = ("-", "--", ":", "-.")
 FEW_POINTS = 12  # series with at most this many points get markers
 
@@ -539,9 +530,8 @@ def _setting(key, value):
 
 
 def curves_figure(logs, configs=None):
-    """CURVES vs step, a line per run (logs and configs: {run name: log records / config.json}).
-    The title names the heads and shared settings, a label the head and what differs; a head has
-    one colour, its runs a line style each; few points get markers; unlogged panels go."""
+    """CURVES vs step, a line per run ({run name: log records}, {run name: config.json}): a colour
+    per head, a line style per run of it; the title names shared settings, a label what differs."""
     configs = configs or {name: {} for name in logs}
     heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
     first = next(iter(configs.values()))
@@ -563,12 +553,11 @@ def curves_figure(logs, configs=None):
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             head = configs[name].get("head")
             n = runs_of_head[head] = runs_of_head.get(head, -1) + 1
-            style = dict(color=HEAD_COLORS.get(head, f"C{i}"),
-                         ls=LINE_STYLES[n % len(LINE_STYLES)])
             if points:
                 words = [_setting(key, configs[name].get(key)) for key in differ]
                 ax.plot(*zip(*points), label=", ".join([heads[name], *words]), lw=1.2, ms=4,
-                        marker="o" if len(points) <= FEW_POINTS else None, **style)
+                        marker="o" if len(points) <= FEW_POINTS else None,
+                        color=HEAD_COLORS.get(head, f"C{i}"), ls=LINE_STYLES[n % len(LINE_STYLES)])
                 drawn += [v for _, v in points if math.isfinite(v)]
         if max(map(abs, drawn), default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
             _log_scale(ax, "symlog", drawn)

@@ -7,6 +7,7 @@ run folder OUT/Run.name, finished when it has summary.json; the same command aga
 finished runs, resumes the others, and refuses folders of other settings before anything starts.
 """
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -149,14 +150,10 @@ RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss 
 
 def json_object(path):
     """The dict a JSON file holds; anything else (a pipe too: a read would block) is refused."""
-    try:
-        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
-    except ValueError:  # not UTF-8, not JSON
-        value = None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} is not a JSON object; it was not written by this project's "
-                         f"train.py")
-    return value
+    with contextlib.suppress(ValueError):  # not UTF-8, not JSON
+        if Path(path).is_file() and isinstance(value := json.loads(Path(path).read_text()), dict):
+            return value
+    raise ValueError(f"{path} is not a JSON object; it was not written by this project's train.py")
 
 
 def results_csv(run_root):
@@ -239,8 +236,9 @@ def same_setting(name, asked, recorded):
     return str(asked) == str(recorded)
 
 
-def differences(run_dir, asked):
-    """The settings asked that the run folder records otherwise, in words ([] if none)."""
+def differences(run_dir, run, passed):
+    """The settings of run (its fields are config.json's names; None: train.py's default) and
+    passed that run_dir's config.json records otherwise, in words ([] if none)."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
@@ -250,6 +248,7 @@ def differences(run_dir, asked):
         return ["a config.json that is not a JSON object"]
     if config.get("text"):  # text files given as --data: "data" is their tokenized folder
         config["data"] = config["text"]
+    asked = {**{name: value for name, value in asdict(run).items() if value is not None}, **passed}
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
             if name in config and not same_setting(name, value, config[name])]
 
@@ -258,11 +257,8 @@ def check_run_folders(runs, out, train_args):
     """Refuse folders holding runs of other settings (but scheduling, and train.py's "auto")."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
-    stale = {}
-    for run in runs:  # the run's settings have config.json's names; None: train.py's default
-        asked = {name: value for name, value in asdict(run).items() if value is not None}
-        if found := differences(Path(out) / run.name, {**asked, **passed}):
-            stale[run.name] = found
+    stale = {run.name: found for run in runs
+             if (found := differences(Path(out) / run.name, run, passed))}
     if stale:
         name, found = next(iter(stale.items()))
         raise ValueError(f"{len(stale)} run folder(s) in {out} hold runs of other settings than "
@@ -392,21 +388,20 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 """
 
 
-def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options=(),
-                array_limit=0):
-    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps its
-    list); returns the script."""
-    slurm_dir = Path(out).resolve() / "slurm"
+def write_slurm(runs, args, extra_args):
+    """Writes OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps
+    its list); returns the script."""
+    slurm_dir = Path(args.out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     run_list, script = slurm_dir / f"runs_{stamp}.txt", slurm_dir / f"sweep_{stamp}.sbatch"
     store.write_atomic(run_list, "".join(shlex.join([str(slurm_dir.parent / run.name),
                        *run.train_args(), *extra_args]) + "\n" for run in runs))
     store.write_atomic(script, SBATCH_TEMPLATE.format(
-        array=f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else ""), nodes=nodes,
-        nproc=nproc_per_node, log_dir=slurm_dir / "logs",
+        array=f"0-{len(runs) - 1}" + (f"%{args.array_limit}" if args.array_limit else ""),
+        nodes=args.nodes, nproc=args.nproc_per_node, log_dir=slurm_dir / "logs",
         cwd=Path.cwd(),  # where relative paths among the options (--data ...) were meant
-        extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
+        extra_sbatch="".join(f"#SBATCH --{option}\n" for option in args.sbatch),
         run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY))))
     return script
 
@@ -432,8 +427,7 @@ def cmd_run(args, extra_args):
             print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
                   f"until it does (make it with prepare.py)")
     elif todo and args.launcher == "slurm":
-        script = write_slurm(todo, args.out, extra_args, args.nproc_per_node, args.nodes,
-                             args.sbatch, args.array_limit)
+        script = write_slurm(todo, args, extra_args)
         print(f"sweep: wrote {script} ({len(todo)} array tasks)")
         if not args.submit:
             print(f"sweep: submit it with: sbatch {script}")
@@ -475,8 +469,7 @@ def cmd_collect(args):
     print(f"sweep: wrote {out_csv}")
 
 
-def cmd_table(args):
-    """Print the tables; write them only into --out (a CSV's own folder may be tests/data)."""
+def cmd_table(args):  # prints the tables; writes them only into --out (not beside tests/data)
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
     print(markdown)
@@ -521,14 +514,12 @@ def parse_args(argv=None):
                                ("--caps", float, "c for soft_cap"),
                                ("--seeds", int, "train.py --seed of each run")):
         run.add_argument(option, nargs="+", type=kind, help=text)
-    run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
-                     help="train.py --dtype of each run (proxy: both)")
+    run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="proxy: both")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to share out (--nproc_per_node a run)")
     run.add_argument("--jobs", type=store.positive_int, default=1, help="local, CPU: runs at once")
-    run.add_argument("--nproc_per_node", type=store.positive_int, default=1,
-                     help="processes (GPUs) per run; >1 uses torchrun")
+    run.add_argument("--nproc_per_node", type=store.positive_int, default=1, help="GPUs per run")
     run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
     run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
                      help="slurm: #SBATCH options without dashes, e.g. partition=gpu time=1:00:00")
