@@ -50,11 +50,6 @@ SOLID = dict(ls="-", marker="o", ms=4)  # our runs
 DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with a reference CSV
 
 
-def breaks_rule(name, value):  # the rule (in words) value breaks as setting name, else None
-    rule, test = RULES[name]
-    return None if test(value) else rule
-
-
 # -----------------------------------------------------------------------------
 # LRS: the runs of one size, tying and variant reduced over the learning rates
 
@@ -222,8 +217,8 @@ def _typed_row(raw, l0):
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if row["head"] == "soft_cap" else None
     if row.get("seed") not in (None, "") and not str(row["seed"]).isdigit():
         raise ValueError(f"seed is {row['seed']}, but it must be an integer >= 0")
-    for name in RULES:
-        if rule := breaks_rule(name, row[name]) if row[name] is not None else None:
+    for name, (rule, valid) in RULES.items():
+        if row[name] is not None and not valid(row[name]):
             raise ValueError(f"{name} is {raw.get(name) or 'empty'}, but it must be {rule}")
     own = row["init_loss"] if math.isfinite(row["init_loss"]) else L0_BY_SIZE.get(row["size"])
     if l0 is None and own is None:
@@ -525,18 +520,16 @@ LINE_STYLES = ("-", "--", ":", "-.")
 FEW_POINTS = 12  # series with at most this many points get markers
 
 
-def _setting(key, value):
-    return ("tied" if value else "untied") if key == "tie" else CURVE_SETTINGS[key].format(value)
-
-
 def curves_figure(logs, configs=None):
     """CURVES vs step, a line per run ({run name: log records}, {run name: config.json}): a colour
     per head, a line style per run of it; the title names shared settings, a label what differs."""
+    def words_of(key, value):
+        return CURVE_SETTINGS[key].format(value) if key != "tie" else "tied" if value else "untied"
     configs = configs or {name: {} for name in logs}
     heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
     first = next(iter(configs.values()))
     seen = {key: {str(config.get(key)) for config in configs.values()} for key in CURVE_SETTINGS}
-    shared = [_setting(key, first.get(key)) for key in CURVE_SETTINGS
+    shared = [words_of(key, first.get(key)) for key in CURVE_SETTINGS
               if seen[key] != {"None"} and len(seen[key]) == 1]
     differ = [key for key in CURVE_SETTINGS if len(seen[key]) > 1]
     title = " vs ".join(dict.fromkeys(heads.values())) + ": " * bool(shared) + ", ".join(shared)
@@ -554,7 +547,7 @@ def curves_figure(logs, configs=None):
             head = configs[name].get("head")
             n = runs_of_head[head] = runs_of_head.get(head, -1) + 1
             if points:
-                words = [_setting(key, configs[name].get(key)) for key in differ]
+                words = [words_of(key, configs[name].get(key)) for key in differ]
                 ax.plot(*zip(*points), label=", ".join([heads[name], *words]), lw=1.2, ms=4,
                         marker="o" if len(points) <= FEW_POINTS else None,
                         color=HEAD_COLORS.get(head, f"C{i}"), ls=LINE_STYLES[n % len(LINE_STYLES)])

@@ -1,6 +1,6 @@
 """
 sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
-results into the paper's tables and figures (drawn by report.py); README's Reproduce has examples.
+results into the paper's tables and figures (drawn by report.py); README's Commands has examples.
 
 Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
 run folder OUT/Run.name, finished when it has summary.json; the same command again skips
@@ -28,8 +28,8 @@ import store
 from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
+# -----------------------------------------------------------------------------
 # the grids: the paper's (Eq. 19–21, 23) and the CPU proxy
-
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
 # The paper's code draws each batch from a random shard at random windows, seeded: its grids too.
@@ -131,9 +131,9 @@ def check_axes(grid, axes):
     if unknown := [size for size in axes["sizes"] if size not in SIZES]:
         problems.append(f"--sizes {' '.join(unknown)} (each must be one of {', '.join(SIZES)})")
     for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
-        if bad := [v for v in axes[axis] if v is not None and report.breaks_rule(setting, v)]:
-            problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be "
-                            f"{report.RULES[setting][0]})")
+        rule, valid = report.RULES[setting]
+        if bad := [v for v in axes[axis] if v is not None and not valid(v)]:
+            problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be {rule})")
     if bad := [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]:
         problems.append(f"--seeds {' '.join(map(str, bad))} (each must be an integer from 0 to "
                         f"2^64 − 1)")
@@ -141,6 +141,7 @@ def check_axes(grid, axes):
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
 
+# -----------------------------------------------------------------------------
 # run folders: results.csv, a run's log, which are finished and do they hold what was asked
 
 RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
@@ -279,6 +280,7 @@ def check_out(out):
                          f"another --out")
 
 
+# -----------------------------------------------------------------------------
 # launching: locally (one or several at a time) or as a SLURM job array
 
 def train_command(run, out, extra_args, nproc_per_node=1):
@@ -454,6 +456,7 @@ def cmd_run(args, extra_args):
     return 0
 
 
+# -----------------------------------------------------------------------------
 # collect, table, plot, curves: report.py's text and figures, written atomically
 
 def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or not there
