@@ -257,7 +257,7 @@ ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/�
 
 
 def _markdown_grid(cells, header, rows):
-    """A Markdown table: header, then rows, behind a first column of the cells' size labels."""
+    """A Markdown table: the size column's title, then header; below it rows, each size first."""
     first = "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
     lines = [f"| {first} | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -376,8 +376,9 @@ def _columns(cells):
     return titles
 
 
-def _lines(cells, ref_cells):  # (cell, style, label suffix): ours solid, the paper's dashed
-    return [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
+def _lines(cells, ref_cells, column):  # (cell, style, label suffix) of a column: ours solid
+    return [(c, style, suffix) for source, style, suffix in ((cells, SOLID, ""), (ref_cells, DASHED,
+            " (paper)")) for c in source if c.size == column]
 
 
 def _finish(fig, title):
@@ -436,17 +437,16 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
     an axis (lines, as the paper's), settings of one size as categories (markers)."""
     columns = _columns(cells + ref_cells)
     one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
-    lines = _lines(cells, ref_cells)
     fig = plt.figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),
                      layout="constrained")
     grid = fig.add_gridspec(1 if one else 2, max(len(columns), 2))
     for i, (column, column_title) in enumerate(columns.items()):
         ax = fig.add_subplot(grid[0, i])
-        losses = [x for c, _, _ in lines if c.size == column or not by_size for x in c.losses]
+        losses = [x for c in cells + ref_cells if c.size == column or not by_size for x in c.losses]
         low, high = min(losses), min(max(losses), 1.3 * min(losses))  # settings share an axis
         pad = 0.05 * (high - low) or 0.05
         low, top = low - pad, high + pad
-        for c, style, suffix in (line for line in lines if line[0].size == column):
+        for c, style, suffix in _lines(cells, ref_cells, column):
             ax.plot(c.lrs, c.losses, color=color_of(c), label=label_of(c) + suffix, **style)
             for lr, loss in ((lr, loss) for lr, loss in zip(c.lrs, c.losses) if loss > top):
                 ax.plot(lr, top, marker="^", ms=7, color=color_of(c), clip_on=False)
@@ -494,8 +494,7 @@ def _metrics(plt, cells, ref_cells, title):
         label = textwrap.fill(label, 30)
         for j, (column, column_title) in enumerate(columns.items()):
             ax = grid.flat[i] if one else grid[i][j]
-            for c, style, suffix in (line for line in _lines(cells, ref_cells)
-                                     if line[0].size == column):
+            for c, style, suffix in _lines(cells, ref_cells, column):
                 ax.plot(c.lrs, [row[metric] for row in c.rows], color=HEAD_COLORS.get(c.head, "k"),
                         label=variant_label(c.variant) + suffix, **style)
             ax.set(xscale="log", ylabel=UNITS[metric],
