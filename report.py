@@ -2,16 +2,13 @@
 report.py — a results CSV as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and runs'
 logs as curves over training; sweep.py reads the run folders and writes the files.
 
-Learning-rate sensitivity (Wortsman et al. 2023; Eq. 22) of one size, tying and head over the
-n_η learning rates η swept, L(η) the final test loss (our validation split), L₀ the loss at
-initialisation (≈ ln V), a diverged run counted as L₀:
+Learning-rate sensitivity (Eq. 22) of one size, tying and head over the n_η learning rates η,
+L(η) the final test loss (our validation split), L₀ the loss at initialisation (≈ ln V):
 
-    LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
+    LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1),   a diverged run counting as L₀
 
-Eq. 22 writes a mean over all n_η; the divisor n_η − 1 (a mean over the η other than the best)
-is the one that gives back every printed digit of the paper's Table 2(ii) and Table 3 from its
-published runs (tests/test_sweep.py::test_reference_reproduces_table2), so it is the default and
-mean="literal" divides by n_η. Additional training time = mean train time / the baseline's − 1.
+Eq. 22 divides by n_η (mean="literal"); n_η − 1 gives back every printed digit of the paper's
+Table 2(ii) and Table 3 (tests/test_sweep.py::test_reference_reproduces_table2).
 """
 import csv
 import io
@@ -27,8 +24,8 @@ DEFAULT_LAM, DEFAULT_CAP = 1e-4, 30.0  # the paper's λ (outside Sec. 5) and sof
 # L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
 L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
 SIZE_ORDER = ("tiny", "small") + PAPER_SIZES
-# What a number of a run may be, in words and as a test (NaN fails all but the losses': a
-# diverged run's loss may be NaN or empty). sweep.py checks its grid by the same rules.
+# What a number of a run may be, in words and as a test (NaN fails all but the losses'); sweep.py
+# checks its grid by the same rules.
 RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "lam": ("a finite number ≥ 0", lambda v: math.isfinite(v) and v >= 0),
          "cap": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
@@ -36,8 +33,7 @@ RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "init_loss": ("≥ 0 (a cross-entropy)", lambda v: not v < 0),
          "train_time_s": ("≥ 0", lambda v: not v < 0)}
 TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
-# (column, what it is in words): Fig. 3's in the paper's order, then what the matmul's rounding
-# costs the head (measure.precision_stat_sums), drawn where a CSV has them
+# (column, in words): Fig. 3's in the paper's order, then the matmul's rounding, where logged
 METRICS = (("logit_mean", "mean logit l̄"), ("logit_std", "logit spread σ_l"),
            ("mu_norm", "‖μ‖, the output rows' mean"), ("logit_absmax", "largest |logit|"))
 PRECISION_METRICS = (("prec_err_cast", "logit error from rounding the inputs"),
@@ -54,30 +50,22 @@ SOLID = dict(ls="-", marker="o", ms=4)  # our runs
 DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with a reference CSV
 
 
-def breaks_rule(name, value):
-    """The rule (in words) that value breaks as setting `name`, or None if it is valid."""
-    rule, test = RULES[name]
-    return None if test(value) else rule
-
-
 # -----------------------------------------------------------------------------
 # LRS: the runs of one size, tying and variant reduced over the learning rates
 
-def capped_loss(row):
-    """min(L(η), L₀), a diverged or non-finite run counting as L₀."""
+def capped_loss(row):  # min(L(η), L₀), a diverged or non-finite run counting as L₀
     loss = row["test_loss"]
     return row["l0"] if row["diverged"] or not math.isfinite(loss) else min(loss, row["l0"])
 
 
 def lr_sensitivity(losses, mean="published"):
-    """LRS of capped losses: / (n_η − 1) ('published') or / n_η ('literal'); NaN for one η."""
+    """LRS of capped losses, / (n_η − 1) or / n_η ("literal"); NaN for one η."""
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
 
 @dataclass
-class Cell:
-    """One size × variant of a table: its runs reduced over the learning rates."""
+class Cell:  # one size × variant of a table: its runs reduced over the learning rates
     tie: bool
     head: str
     lam: float | None
@@ -137,21 +125,18 @@ def baseline_of(cell, cells):  # of the same size and tying, or None
                  and c.tie == cell.tie), None)
 
 
-def extra_time(cell, cells):
-    """Additional training time relative to the baseline."""
+def extra_time(cell, cells):  # mean train time / the baseline's − 1
     base = baseline_of(cell, cells)
     ok = base is not None and base.train_time_s > 0
     return cell.train_time_s / base.train_time_s - 1.0 if ok else math.nan
 
 
-def swept_lambda_heads(cells, tie):
-    """Heads run with more than one λ: they get their own Table 3 and Fig. 4."""
+def swept_lambda_heads(cells, tie):  # heads run with several λ: their own Table 3 and Fig. 4
     return [head for head in LAMBDA_HEADS
             if len({c.lam for c in cells if c.tie == tie and c.head == head}) > 1]
 
 
-def main_cells(cells, tie):
-    """The cells of Table 2 (untied) / 6 (tied): heads swept over λ show only λ = 1e-4 there."""
+def main_cells(cells, tie):  # Table 2 (untied) / 6 (tied): a head swept over λ at λ = 1e-4 only
     swept = swept_lambda_heads(cells, tie)
     return [c for c in cells if c.tie == tie and (c.head not in swept or c.lam == DEFAULT_LAM)]
 
@@ -166,13 +151,10 @@ def variant_label(variant, show_lam=False):
 # -----------------------------------------------------------------------------
 # reading a results CSV (sweep.py collect writes ours from the run folders)
 
-def csv_cell(value):
-    """A value as a CSV cell: empty for None, true/false, floats in full (repr)."""
+def csv_cell(value):  # empty for None, true/false, floats in full
     if value is None:
         return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def regular_file(path, hint):
@@ -206,8 +188,7 @@ def read_results(path, l0=None, columns=TABLE_COLUMNS):
     return label_settings(rows)
 
 
-def _number(text, empty=math.nan):
-    """A CSV cell as a float; an empty cell or missing column gives `empty`."""
+def _number(text, empty=math.nan):  # a CSV cell as a float; an empty or missing one: empty
     if text in ("", None):
         return empty
     try:
@@ -229,17 +210,16 @@ def _typed_row(raw, l0):
     row = dict(raw)
     row.update(lr=_number(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),
-               diverged=boolean(row.get("diverged") or "false"))
+               diverged=boolean(row.get("diverged") or "false"),
+               **{name: _number(row.get(name)) for name, _ in METRICS + PRECISION_METRICS})
     lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
     row["lam"] = (DEFAULT_LAM if lam is None else lam) if row["head"] in LAMBDA_HEADS else None
     row["cap"] = (DEFAULT_CAP if cap is None else cap) if row["head"] == "soft_cap" else None
     if row.get("seed") not in (None, "") and not str(row["seed"]).isdigit():
         raise ValueError(f"seed is {row['seed']}, but it must be an integer >= 0")
-    for name in RULES:
-        if rule := breaks_rule(name, row[name]) if row[name] is not None else None:
+    for name, (rule, valid) in RULES.items():
+        if row[name] is not None and not valid(row[name]):
             raise ValueError(f"{name} is {raw.get(name) or 'empty'}, but it must be {rule}")
-    for name, _ in METRICS + PRECISION_METRICS:
-        row[name] = _number(row.get(name))
     own = row["init_loss"] if math.isfinite(row["init_loss"]) else L0_BY_SIZE.get(row["size"])
     if l0 is None and own is None:
         raise ValueError(f"no loss at initialisation for size {row['size']!r} (no init_loss "
@@ -249,9 +229,8 @@ def _typed_row(raw, l0):
 
 
 def label_settings(rows):
-    """The tables' and figures' columns are the model sizes; where the runs differ in matmul
-    dtype or seed (the proxy grid), each dtype gets a column of its own ("tiny bfloat16"), and
-    so does every seed but the first ("tiny bfloat16 seed1")."""
+    """Size labels name the matmul dtype where runs differ in it ("tiny bfloat16"), and every
+    seed but the first ("tiny bfloat16 seed1"): each is a column of the tables and figures."""
     dtypes = {row.get("dtype") or "" for row in rows}
     seeds = sorted({int(row["seed"]) for row in rows if row.get("seed") not in (None, "")})
     for row in rows:
@@ -277,25 +256,25 @@ ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/�
              "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
 
 
-def _row_header(cells):
-    return "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
+def _markdown_grid(cells, header, rows):
+    """A Markdown table: the size column's title, then header; below it rows, each size first."""
+    first = "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
+    lines = [f"| {first} | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     """Rows = sizes, columns = variants; the best value of each row in bold (best=None: none)."""
     variants = sorted({c.variant for c in cells}, key=variant_order)
     at = {(c.size, c.variant): value(c) for c in cells}
-    lines = [f"| {_row_header(cells)} | " + " | ".join(variant_label(v, show_lam)
-                                                       for v in variants) + " |",
-             "|---" * (len(variants) + 1) + "|"]
+    rows = []
     for size in sorted({c.size for c in cells}, key=size_order):
         values = [at.get((size, v), math.nan) for v in variants]
         finite = [x for x in values if not isinstance(x, str) and math.isfinite(x)]
         top = fmt(best(finite)) if best and finite else None
         texts = [x if isinstance(x, str) else fmt(x) if math.isfinite(x) else "–" for x in values]
-        texts = [f"**{t}**" if t == top else t for t in texts]  # ties at the shown precision too
-        lines.append(f"| {size} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+        rows.append([size, *(f"**{t}**" if t == top else t for t in texts)])  # ties as shown too
+    return _markdown_grid(cells, [variant_label(v, show_lam) for v in variants], rows)
 
 
 def time_text(cell, cells):
@@ -308,25 +287,20 @@ def time_text(cell, cells):
 
 
 def bf16_resolution(row):
-    """The gap between neighbouring bf16 numbers at the run's typical logit magnitude
-    x = √(l̄² + σ_l²), 2^(⌊log₂ x⌋ − 7) (8 significant bits: float64's ulp × 2⁴⁵), over its
-    logit spread σ_l. Most logits sit within a few σ_l of l̄, so the rounding the softmax sees
-    (its spread over the vocabulary) is about this / √12; near 1 and above, bf16 no longer
-    resolves the spread that carries the prediction (the paper's baseline at large η)."""
+    """The bf16 spacing at the typical logit x = √(l̄² + σ_l²), 2^(⌊log₂ x⌋ − 7) (float64's ulp
+    × 2⁴⁵), over σ_l: the softmax sees rounding of about this / √12 of the logits' spread; near 1
+    and above, bf16 no longer resolves the prediction (the paper's baseline at large η)."""
     return math.ulp(math.hypot(row["logit_mean"], row["logit_std"])) * 2 ** 45 / row["logit_std"]
 
 
 def per_lr_table(cells, text):
-    """Rows = size and variant, columns = η; a cell is text(cell, capped loss, results row) of
-    the run at that η, "–" where none ran."""
-    lrs = sorted({lr for c in cells for lr in c.lrs})
-    lines = [f"| {_row_header(cells)} | head | " + " | ".join(f"η={lr:g}" for lr in lrs) + " |",
-             "|---" * (len(lrs) + 2) + "|"]
+    """Rows = size and variant, columns = η, an entry text(cell, capped loss, row), "–": no run."""
+    lrs, rows = sorted({lr for c in cells for lr in c.lrs}), []
     for c in sorted(cells, key=lambda c: (size_order(c.size), variant_order(c.variant))):
         by_lr = dict(zip(c.lrs, zip(c.losses, c.rows)))
-        texts = [text(c, *by_lr[lr]) if lr in by_lr else "–" for lr in lrs]
-        lines.append(f"| {c.size} | {variant_label(c.variant)} | " + " | ".join(texts) + " |")
-    return "\n".join(lines)
+        rows.append([c.size, variant_label(c.variant),
+                     *(text(c, *by_lr[lr]) if lr in by_lr else "–" for lr in lrs)])
+    return _markdown_grid(cells, ["head", *(f"η={lr:g}" for lr in lrs)], rows)
 
 
 def markdown_report(cells, mean="published", l0=None):
@@ -340,15 +314,15 @@ def markdown_report(cells, mean="published", l0=None):
              f"diverged run counts as L₀. Additional training time = mean train time over the "
              f"runs that did not diverge / the baseline's − 1. Best loss and LRS per size in "
              f"bold. {HEAD_WORDS}"]
-    optimal, sensitivity = (lambda c: c.optimal_loss), (lambda c: c.lrs_value)
-    loss_fmt, lrs_fmt = "{:.2f}".format, "{:.3f}".format
+    def loss_and_lrs(cells, show_lam=False):  # (i) and (ii)
+        return [LOSS, _markdown_table(cells, lambda c: c.optimal_loss, "{:.2f}".format, min,
+                                      show_lam),
+                LRS, _markdown_table(cells, lambda c: c.lrs_value, "{:.3f}".format, min, show_lam)]
     for tie in sorted({c.tie for c in cells}):
         tying = "with weight tying" if tie else "without weight tying"
         main = main_cells(cells, tie)
         n_lrs = "/".join(str(n) for n in sorted({len(c.lrs) for c in main}))
-        parts += [f"## All variants, {tying} ({n_lrs} learning rates)",
-                  LOSS, _markdown_table(main, optimal, loss_fmt),
-                  LRS, _markdown_table(main, sensitivity, lrs_fmt),
+        parts += [f"## All variants, {tying} ({n_lrs} learning rates)", *loss_and_lrs(main),
                   TIME, _markdown_table(main, lambda c: time_text(c, cells), "{:.1f}%".format,
                                         best=None)]
         if any(time_text(c, cells) == "n/c" for c in main):
@@ -363,9 +337,7 @@ def markdown_report(cells, mean="published", l0=None):
                 f"{row['logit_mean'] / row['mu_norm']:.2f}" if row["mu_norm"] > 0 else "–"))]
         for head in swept_lambda_heads(cells, tie):
             swept = [c for c in cells if c.tie == tie and c.head == head]
-            parts += [f"## {head} for several λ, {tying}",
-                      LOSS, _markdown_table(swept, optimal, loss_fmt, show_lam=True),
-                      LRS, _markdown_table(swept, sensitivity, lrs_fmt, show_lam=True)]
+            parts += [f"## {head} for several λ, {tying}", *loss_and_lrs(swept, show_lam=True)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -404,8 +376,9 @@ def _columns(cells):
     return titles
 
 
-def _lines(cells, ref_cells):  # (cell, style, label suffix): ours solid, the paper's dashed
-    return [(c, SOLID, "") for c in cells] + [(c, DASHED, " (paper)") for c in ref_cells]
+def _lines(cells, ref_cells, column):  # (cell, style, label suffix) of a column: ours solid
+    return [(c, style, suffix) for source, style, suffix in ((cells, SOLID, ""), (ref_cells, DASHED,
+            " (paper)")) for c in source if c.size == column]
 
 
 def _finish(fig, title):
@@ -421,8 +394,7 @@ def _finish(fig, title):
 
 
 def _log_scale(ax, scale, values):
-    """A log or symlog (linear within ±1) y axis, labels written out, at 1, 2, 5 × 10ᵏ within
-    about a decade so that there are several."""
+    """A log or symlog (linear within ±1) y axis, labelled at 1, 2, 5 × 10ᵏ within a decade."""
     from matplotlib import ticker
     positive = [abs(v) for v in values if v != 0] or [1.0]
     low = max(min(positive), 1.0) if scale == "symlog" else min(positive)
@@ -436,30 +408,26 @@ def _log_scale(ax, scale, values):
         ax.set_ylim(bottom=-0.3)  # not down to −1, where no value lies
 
 
-def figures(cells, ref_cells=()):
-    """Yield (file stem, figure), ref_cells (the paper's) dashed; each is closed after use."""
+def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed; each closed after use
     plt = _pyplot()
     for tie in sorted({c.tie for c in cells}):
         tying = "tied" if tie else "untied"
         ours, ref = main_cells(cells, tie), main_cells(ref_cells, tie)
-        drawn = {f"fig2_loss_lrs_{tying}": lambda: _loss_and_lrs(
-                     plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
-                     lambda c: variant_label(c.variant),
-                     f"Loss vs learning rate, and LRS ({tying})"),
-                 f"fig3_logits_{tying}": lambda: _metrics(
-                     plt, ours, ref, f"Logit statistics, ‖μ‖ and the head's rounding vs "
-                                     f"learning rate ({tying})")}
-        for head in swept_lambda_heads(cells, tie):
-            def fig4(head=head):  # Fig. 2's layout for one head, a colour per λ
-                mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
-                                for source in (cells, ref_cells))
-                lams = sorted({c.lam for c in mine + theirs})
-                return _loss_and_lrs(plt, mine, theirs, lambda c: plt.get_cmap("viridis")(
-                    0.9 * lams.index(c.lam) / max(len(lams) - 1, 1)), lambda c: f"λ={c.lam:g}",
-                    f"{head}: λ sensitivity ({tying})")
-            drawn[f"fig4_lambda_{head}_{tying}"] = fig4
-        for stem, draw in drawn.items():
-            yield stem, (fig := draw())
+        yield f"fig2_loss_lrs_{tying}", (fig := _loss_and_lrs(
+            plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
+            lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})"))
+        plt.close(fig)
+        yield f"fig3_logits_{tying}", (fig := _metrics(plt, ours, ref, (
+            f"Logit statistics, ‖μ‖ and the head's rounding vs learning rate ({tying})")))
+        plt.close(fig)
+        for head in swept_lambda_heads(cells, tie):  # Fig. 2's layout, a colour per λ
+            mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
+                            for source in (cells, ref_cells))
+            lams = sorted({c.lam for c in mine + theirs})
+            yield f"fig4_lambda_{head}_{tying}", (fig := _loss_and_lrs(
+                plt, mine, theirs, lambda c: plt.get_cmap("viridis")(
+                    0.9 * lams.index(c.lam) / max(len(lams) - 1, 1)),
+                lambda c: f"λ={c.lam:g}", f"{head}: λ sensitivity ({tying})"))
             plt.close(fig)
 
 
@@ -469,17 +437,16 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
     an axis (lines, as the paper's), settings of one size as categories (markers)."""
     columns = _columns(cells + ref_cells)
     one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
-    lines = _lines(cells, ref_cells)
     fig = plt.figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),
                      layout="constrained")
     grid = fig.add_gridspec(1 if one else 2, max(len(columns), 2))
     for i, (column, column_title) in enumerate(columns.items()):
         ax = fig.add_subplot(grid[0, i])
-        losses = [x for c, _, _ in lines if c.size == column or not by_size for x in c.losses]
+        losses = [x for c in cells + ref_cells if c.size == column or not by_size for x in c.losses]
         low, high = min(losses), min(max(losses), 1.3 * min(losses))  # settings share an axis
         pad = 0.05 * (high - low) or 0.05
         low, top = low - pad, high + pad
-        for c, style, suffix in (line for line in lines if line[0].size == column):
+        for c, style, suffix in _lines(cells, ref_cells, column):
             ax.plot(c.lrs, c.losses, color=color_of(c), label=label_of(c) + suffix, **style)
             for lr, loss in ((lr, loss) for lr, loss in zip(c.lrs, c.losses) if loss > top):
                 ax.plot(lr, top, marker="^", ms=7, color=color_of(c), clip_on=False)
@@ -492,8 +459,7 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
     variants = sorted({c.variant for c in cells + ref_cells}, key=variant_order)
     for k, variant in enumerate(variants):
         for source, style, suffix in ((cells, SOLID, ""), (ref_cells, DASHED, " (paper)")):
-            if line := sorted((c for c in source if c.variant == variant),
-                              key=lambda c: size_order(c.size)):
+            if line := [c for c in source if c.variant == variant]:  # by size, as reduce_runs
                 dodge = 0 if by_size else 0.5 * (k + 0.5) / len(variants) - 0.25
                 ax.plot([list(columns).index(c.size) + dodge for c in line],
                         [c.lrs_value for c in line], color=color_of(line[0]),
@@ -512,9 +478,8 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
 
 
 def _metrics(plt, cells, ref_cells, title):
-    """Fig. 3: METRICS (and PRECISION_METRICS where logged) vs η, rows = metrics, columns as in
-    Fig. 2 (one column: two rows of metrics); a metric's panels share a y scale, symlog where it
-    passes 50 (the baseline's ‖μ‖, while μ-centering's stays at 0)."""
+    """Fig. 3: METRICS (and PRECISION_METRICS where logged) vs η, a row per metric, columns as in
+    Fig. 2 (one column: a grid); a metric's panels share a y scale, symlog where it passes 50."""
     columns = _columns(cells + ref_cells)
     metrics = METRICS + tuple(m for m in PRECISION_METRICS
                               if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
@@ -529,8 +494,7 @@ def _metrics(plt, cells, ref_cells, title):
         label = textwrap.fill(label, 30)
         for j, (column, column_title) in enumerate(columns.items()):
             ax = grid.flat[i] if one else grid[i][j]
-            for c, style, suffix in (line for line in _lines(cells, ref_cells)
-                                     if line[0].size == column):
+            for c, style, suffix in _lines(cells, ref_cells, column):
                 ax.plot(c.lrs, [row[metric] for row in c.rows], color=HEAD_COLORS.get(c.head, "k"),
                         label=variant_label(c.variant) + suffix, **style)
             ax.set(xscale="log", ylabel=UNITS[metric],
@@ -550,25 +514,21 @@ CURVES = (("loss", "training loss"), ("val_loss", "validation loss"), METRICS[2]
 # the settings a curves figure names: in its title where the runs share them, else in labels
 CURVE_SETTINGS = {"size": "{} model", "lr": "η = {}", "tie": "", "dtype": "{} matmuls",
                   "seed": "seed {}", "lam": "λ = {}", "cap": "c = {}", "steps": "{} steps",
-                  "batch_size": "batches of {}", "seq_len": "{}-token sequences",
-                  "data": "on {}"}
+                  "batch_size": "batches of {}", "seq_len": "{}-token sequences", "data": "on {}"}
 LINE_STYLES = ("-", "--", ":", "-.")
 FEW_POINTS = 12  # series with at most this many points get markers
 
 
-def _setting(key, value):
-    return ("tied" if value else "untied") if key == "tie" else CURVE_SETTINGS[key].format(value)
-
-
 def curves_figure(logs, configs=None):
-    """CURVES vs step, a line per run (logs and configs: {run name: log records / config.json}).
-    The title names the heads and shared settings, a label the head and what differs; a head has
-    one colour, its runs a line style each; few points get markers; unlogged panels go."""
+    """CURVES vs step, a line per run ({run name: log records}, {run name: config.json}): a colour
+    per head, a line style per run of it; the title names shared settings, a label what differs."""
+    def words_of(key, value):
+        return CURVE_SETTINGS[key].format(value) if key != "tie" else "tied" if value else "untied"
     configs = configs or {name: {} for name in logs}
     heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
     first = next(iter(configs.values()))
     seen = {key: {str(config.get(key)) for config in configs.values()} for key in CURVE_SETTINGS}
-    shared = [_setting(key, first.get(key)) for key in CURVE_SETTINGS
+    shared = [words_of(key, first.get(key)) for key in CURVE_SETTINGS
               if seen[key] != {"None"} and len(seen[key]) == 1]
     differ = [key for key in CURVE_SETTINGS if len(seen[key]) > 1]
     title = " vs ".join(dict.fromkeys(heads.values())) + ": " * bool(shared) + ", ".join(shared)
@@ -585,12 +545,11 @@ def curves_figure(logs, configs=None):
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             head = configs[name].get("head")
             n = runs_of_head[head] = runs_of_head.get(head, -1) + 1
-            style = dict(color=HEAD_COLORS.get(head, f"C{i}"),
-                         ls=LINE_STYLES[n % len(LINE_STYLES)])
             if points:
-                words = [_setting(key, configs[name].get(key)) for key in differ]
+                words = [words_of(key, configs[name].get(key)) for key in differ]
                 ax.plot(*zip(*points), label=", ".join([heads[name], *words]), lw=1.2, ms=4,
-                        marker="o" if len(points) <= FEW_POINTS else None, **style)
+                        marker="o" if len(points) <= FEW_POINTS else None,
+                        color=HEAD_COLORS.get(head, f"C{i}"), ls=LINE_STYLES[n % len(LINE_STYLES)])
                 drawn += [v for _, v in points if math.isfinite(v)]
         if max(map(abs, drawn), default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
             _log_scale(ax, "symlog", drawn)

@@ -1,20 +1,13 @@
 """
 sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
-results into the paper's tables and figures (drawn by report.py).
-
-    python sweep.py run --grid paper --out runs/paper --steps 2000 --warmup 100  # one at a time
-    python sweep.py run --grid paper --out runs/paper --gpus 0,1,2,3              # four at once
-    python sweep.py run --grid lambda --out runs/lam --launcher slurm --nproc_per_node 4 --submit
-    python sweep.py collect runs/paper              # every summary.json -> runs/paper/results.csv
-    python sweep.py table runs/paper/results.csv    # Tables 2/3/6: Markdown + CSV
-    python sweep.py plot runs/paper/results.csv --reference tests/data/oec_untied_runs.csv
+results into the paper's tables and figures (drawn by report.py); README's Commands has examples.
 
 Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
-run folder OUT/Run.name, finished when it has summary.json and config.json records what was
-asked; the same command again skips finished runs, resumes the others, and refuses folders of
-other settings before anything starts.
+run folder OUT/Run.name, finished when it has summary.json; the same command again skips
+finished runs, resumes the others, and refuses folders of other settings before anything starts.
 """
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -37,7 +30,6 @@ from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
 # -----------------------------------------------------------------------------
 # the grids: the paper's (Eq. 19–21, 23) and the CPU proxy
-
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
 # The paper's code draws each batch from a random shard at random windows, seeded: its grids too.
@@ -110,9 +102,8 @@ class Run:
 
 def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
                 dtypes=None, seeds=None):
-    """Every point of a grid, an axis given here replacing the grid's own. λ is z_loss's and
-    mu_loss's, c soft_cap's: paper 7 η × 5 sizes × 2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 =
-    280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
+    """Every point of a grid, an axis given here replacing the grid's own: paper 7 η × 5 sizes ×
+    2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 = 280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
@@ -140,9 +131,9 @@ def check_axes(grid, axes):
     if unknown := [size for size in axes["sizes"] if size not in SIZES]:
         problems.append(f"--sizes {' '.join(unknown)} (each must be one of {', '.join(SIZES)})")
     for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
-        if bad := [v for v in axes[axis] if v is not None and report.breaks_rule(setting, v)]:
-            problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be "
-                            f"{report.RULES[setting][0]})")
+        rule, valid = report.RULES[setting]
+        if bad := [v for v in axes[axis] if v is not None and not valid(v)]:
+            problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be {rule})")
     if bad := [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]:
         problems.append(f"--seeds {' '.join(map(str, bad))} (each must be an integer from 0 to "
                         f"2^64 − 1)")
@@ -151,7 +142,7 @@ def check_axes(grid, axes):
 
 
 # -----------------------------------------------------------------------------
-# run folders -> results.csv, and a run's log
+# run folders: results.csv, a run's log, which are finished and do they hold what was asked
 
 RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
                        "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
@@ -160,14 +151,10 @@ RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss 
 
 def json_object(path):
     """The dict a JSON file holds; anything else (a pipe too: a read would block) is refused."""
-    try:
-        value = json.loads(Path(path).read_text()) if Path(path).is_file() else None
-    except ValueError:  # not UTF-8, not JSON
-        value = None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} is not a JSON object; it was not written by this project's "
-                         f"train.py")
-    return value
+    with contextlib.suppress(ValueError):  # not UTF-8, not JSON
+        if Path(path).is_file() and isinstance(value := json.loads(Path(path).read_text()), dict):
+            return value
+    raise ValueError(f"{path} is not a JSON object; it was not written by this project's train.py")
 
 
 def results_csv(run_root):
@@ -197,21 +184,18 @@ def results_csv(run_root):
 def read_log(run_dir):
     """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
     path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
-    not_a_log = f"{path} is not a log of train.py (a line is not"
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except ValueError:
-        raise ValueError(f"{not_a_log} JSON)") from None
+        raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
     if not records:
         raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
                          f"or leave it out")
     if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
-        raise ValueError(f"{not_a_log} a JSON object with 'step' and 'loss')")
+        raise ValueError(f"{path} is not a log of train.py (a line is not a JSON object with "
+                         f"'step' and 'loss')")
     return records
 
-
-# -----------------------------------------------------------------------------
-# run folders: which are finished, and do they hold what was asked
 
 def is_finished(run_dir):  # a diverged run too
     return (Path(run_dir) / "summary.json").exists()
@@ -253,8 +237,9 @@ def same_setting(name, asked, recorded):
     return str(asked) == str(recorded)
 
 
-def differences(run_dir, asked):
-    """The settings asked that the run folder records otherwise, in words ([] if none)."""
+def differences(run_dir, run, passed):
+    """The settings of run (its fields are config.json's names; None: train.py's default) and
+    passed that run_dir's config.json records otherwise, in words ([] if none)."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
@@ -264,6 +249,7 @@ def differences(run_dir, asked):
         return ["a config.json that is not a JSON object"]
     if config.get("text"):  # text files given as --data: "data" is their tokenized folder
         config["data"] = config["text"]
+    asked = {**{name: value for name, value in asdict(run).items() if value is not None}, **passed}
     return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
             if name in config and not same_setting(name, value, config[name])]
 
@@ -272,11 +258,8 @@ def check_run_folders(runs, out, train_args):
     """Refuse folders holding runs of other settings (but scheduling, and train.py's "auto")."""
     passed = {name: value for name, value in passed_settings(train_args).items()
               if name not in SCHEDULING and value != "auto"}
-    stale = {}
-    for run in runs:  # the run's settings have config.json's names; None: train.py's default
-        asked = {name: value for name, value in asdict(run).items() if value is not None}
-        if found := differences(Path(out) / run.name, {**asked, **passed}):
-            stale[run.name] = found
+    stale = {run.name: found for run in runs
+             if (found := differences(Path(out) / run.name, run, passed))}
     if stale:
         name, found = next(iter(stale.items()))
         raise ValueError(f"{len(stale)} run folder(s) in {out} hold runs of other settings than "
@@ -328,11 +311,12 @@ def _start(run, slot, out, extra_args, slots, nproc_per_node):
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
     if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
         env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
-    log = open(Path(out) / "logs" / f"{run.name}.log", "a") if len(slots) > 1 else None
     print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
           f"{f' on GPU {slot}' if slot else ''}", flush=True)
-    stderr = subprocess.STDOUT if log else None
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=stderr), log
+    if len(slots) == 1:
+        return subprocess.Popen(cmd, env=env)
+    with open(Path(out) / "logs" / f"{run.name}.log", "a") as log:  # the run holds its own copy
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
@@ -346,14 +330,12 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
         while pending or running:
             while pending and free:
                 run, slot = pending.pop(0), free.pop(0)
-                proc, log = _start(run, slot, out, extra_args, slots, nproc_per_node)
-                running[proc] = (run, slot, log, time.time())
+                proc = _start(run, slot, out, extra_args, slots, nproc_per_node)
+                running[proc] = (run, slot, time.time())
             time.sleep(POLL_S)
             for proc in [p for p in running if p.poll() is not None]:
-                run, slot, log, started = running.pop(proc)
+                run, slot, started = running.pop(proc)
                 free.append(slot)
-                if log:
-                    log.close()
                 ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
                 durations.append(time.time() - started)
                 left = len(pending) + len(running)
@@ -363,18 +345,16 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                       f"{eta / 60:.0f} min", flush=True)
                 failed += [] if ok else [run.name]
                 if proc.returncode == USAGE_ERROR and pending:  # the others would fail alike
-                    print(f"sweep: train.py refused its command line ("
-                          f"{log.name if log else 'see above'}); the other {len(pending)} runs "
-                          f"were not started", flush=True)
+                    where = Path(out) / "logs" / f"{run.name}.log" if len(slots) > 1 else None
+                    print(f"sweep: train.py refused its command line ({where or 'see above'}); "
+                          f"the other {len(pending)} runs were not started", flush=True)
                     failed += [run.name for run in pending]
                     pending.clear()
     except BaseException:  # Ctrl-C, SIGTERM, a closed stdout: stop the runs in flight
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-        for proc, (_, _, log, _) in running.items():
+        for proc in running:
             proc.terminate()
             proc.wait()
-            if log:
-                log.close()
         raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -410,21 +390,20 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 """
 
 
-def write_slurm(runs, out, extra_args, nproc_per_node=1, nodes=1, sbatch_options=(),
-                array_limit=0):
-    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps its
-    list); returns the script."""
-    slurm_dir = Path(out).resolve() / "slurm"
+def write_slurm(runs, args, extra_args):
+    """Writes OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps
+    its list); returns the script."""
+    slurm_dir = Path(args.out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     run_list, script = slurm_dir / f"runs_{stamp}.txt", slurm_dir / f"sweep_{stamp}.sbatch"
     store.write_atomic(run_list, "".join(shlex.join([str(slurm_dir.parent / run.name),
                        *run.train_args(), *extra_args]) + "\n" for run in runs))
     store.write_atomic(script, SBATCH_TEMPLATE.format(
-        array=f"0-{len(runs) - 1}" + (f"%{array_limit}" if array_limit else ""), nodes=nodes,
-        nproc=nproc_per_node, log_dir=slurm_dir / "logs",
+        array=f"0-{len(runs) - 1}" + (f"%{args.array_limit}" if args.array_limit else ""),
+        nodes=args.nodes, nproc=args.nproc_per_node, log_dir=slurm_dir / "logs",
         cwd=Path.cwd(),  # where relative paths among the options (--data ...) were meant
-        extra_sbatch="".join(f"#SBATCH --{option}\n" for option in sbatch_options),
+        extra_sbatch="".join(f"#SBATCH --{option}\n" for option in args.sbatch),
         run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY))))
     return script
 
@@ -450,8 +429,7 @@ def cmd_run(args, extra_args):
             print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
                   f"until it does (make it with prepare.py)")
     elif todo and args.launcher == "slurm":
-        script = write_slurm(todo, args.out, extra_args, args.nproc_per_node, args.nodes,
-                             args.sbatch, args.array_limit)
+        script = write_slurm(todo, args, extra_args)
         print(f"sweep: wrote {script} ({len(todo)} array tasks)")
         if not args.submit:
             print(f"sweep: submit it with: sbatch {script}")
@@ -461,26 +439,20 @@ def cmd_run(args, extra_args):
         else:
             subprocess.run([shutil.which("sbatch"), str(script)], check=True)
     elif todo:
-        return run_local(args, todo, len(runs), extra_args)
-    return 0
-
-
-def run_local(args, todo, total, extra_args):
-    if not TRAIN_PY.exists():
-        raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
-    store.make_folder(args.out)
-    try:
-        failed = launch_local(todo, args.out, extra_args,
-                              gpu_slots(args.gpus, args.nproc_per_node, args.jobs),
-                              args.nproc_per_node)
-    except KeyboardInterrupt:
-        print("sweep: interrupted; run the same command again to resume", flush=True)
-        return 130
-    if failed:
-        print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
-              f"again to retry them", flush=True)
-        return 1
-    print(f"sweep: all {total} runs finished", flush=True)
+        if not TRAIN_PY.exists():
+            raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
+        slots = gpu_slots(args.gpus, args.nproc_per_node, args.jobs)
+        try:
+            failed = launch_local(todo, store.make_folder(args.out), extra_args, slots,
+                                  args.nproc_per_node)
+        except KeyboardInterrupt:
+            print("sweep: interrupted; run the same command again to resume", flush=True)
+            return 130
+        if failed:
+            print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
+                  f"again to retry them", flush=True)
+            return 1
+        print(f"sweep: all {len(runs)} runs finished", flush=True)
     return 0
 
 
@@ -500,8 +472,7 @@ def cmd_collect(args):
     print(f"sweep: wrote {out_csv}")
 
 
-def cmd_table(args):
-    """Print the tables; write them only into --out (a CSV's own folder may be tests/data)."""
+def cmd_table(args):  # prints the tables; writes them only into --out (not beside tests/data)
     cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
     markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
     print(markdown)
@@ -531,9 +502,6 @@ def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names 
     save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
 
 
-# -----------------------------------------------------------------------------
-# command line
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                      allow_abbrev=False)
@@ -549,14 +517,12 @@ def parse_args(argv=None):
                                ("--caps", float, "c for soft_cap"),
                                ("--seeds", int, "train.py --seed of each run")):
         run.add_argument(option, nargs="+", type=kind, help=text)
-    run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
-                     help="train.py --dtype of each run (proxy: both)")
+    run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="proxy: both")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
     run.add_argument("--gpus", help="local: GPU ids to share out (--nproc_per_node a run)")
     run.add_argument("--jobs", type=store.positive_int, default=1, help="local, CPU: runs at once")
-    run.add_argument("--nproc_per_node", type=store.positive_int, default=1,
-                     help="processes (GPUs) per run; >1 uses torchrun")
+    run.add_argument("--nproc_per_node", type=store.positive_int, default=1, help="GPUs per run")
     run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
     run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
                      help="slurm: #SBATCH options without dashes, e.g. partition=gpu time=1:00:00")
