@@ -48,9 +48,9 @@ MEANING = dict(
     logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
     mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
     h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)",
-    h_mu_cos="cos(h̄, μ)",
-    mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ", B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)",
-    B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)", B_ratio="Eq. 13 (Theorem 4: theorem4.py's verdict)",
+    h_mu_cos="cos(h̄, μ)", mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ",
+    B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)", B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)",
+    B_ratio="Eq. 13 (Theorem 4: theorem4.py's verdict)",
     prec_ce_gap="loss with the head's matmul in --dtype minus the float64 loss",
     prec_err_cast="logit error from rounding W and h to --dtype, over σ_l",
     prec_err_round="logit error from rounding the matmul's result to --dtype, over σ_l",
@@ -67,16 +67,15 @@ MEANING = dict(
 
 
 def theorem4_bounds(W: torch.Tensor) -> dict:
-    """‖μ‖, ‖μ‖², the tight bounds B₋, B₊ of Eq. 12 and B_ratio (Eq. 13), from measure.py."""
+    """‖μ‖, ‖μ‖², Eq. 12's tight bounds B₋, B₊ and B_ratio (Eq. 13), from measure.py."""
     b_minus, b_plus, mu_sq = measure.b_bounds(W)
     return dict(mu_norm=math.sqrt(mu_sq), mu_sq=mu_sq, B_minus=b_minus, B_plus=b_plus,
                 B_ratio=measure.b_ratio(W))
 
 
 def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> dict:
-    """STATEMENTS on hidden states H (N×D), output embedding W (V×D) and W_star (W after the
-    project's μ-centering): l = H Wᵀ, l* = H W*ᵀ, each deviation maximised over tokens
-    (theorem4.py says why each step of Theorem 4's proof holds or fails)."""
+    """STATEMENTS on hidden states H (N×D), W (V×D) and W_star (W μ-centred): l = H Wᵀ,
+    l* = H W*ᵀ, each deviation maximised over tokens."""
     mu = W.mean(0)
     max_norm, max_norm_star = W.norm(dim=1).max(), W_star.norm(dim=1).max()
     out = dict(centering_dev=(W_star - (W - mu)).abs().max().item())
@@ -131,12 +130,11 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     (N, V), D = G.shape, W.shape[1]
     U, S, _ = torch.linalg.svd(W, full_matrices=False)
     Q = U[:, S > 1e-10 * S.max()]  # col(W) at W's numerical rank r
-    r = Q.shape[1]
-    g_sq, kept_sq = (G ** 2).sum(1), ((G @ Q) ** 2).sum(1)
-    energy = kept_sq / g_sq
+    r, g_sq, kept_sq = Q.shape[1], (G ** 2).sum(1), ((G @ Q) ** 2).sum(1)
     sigma_sq = torch.linalg.eigvalsh(G @ G.T).flip(0).clamp_min(0)  # σᵢ² of G, descending
     total = sigma_sq.sum()
     rank2D = (sigma_sq[:2 * D].sum() / total).item()
+    energy = kept_sq / g_sq
     retained_norm, retained_energy = energy.sqrt().mean().item(), energy.mean().item()
     out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
                retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
@@ -154,7 +152,7 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
 
 
 def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
-    """(model in eval mode on device, its config, its step); a bad file: one ValueError."""
+    """(model in eval mode on device, its config, its step)."""
     ckpt = model.load_checkpoint(path, map_location="cpu")
     try:
         gpt = model.from_config(ckpt["config"])
@@ -170,26 +168,21 @@ def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
 
 def run_models(run_dir: str, device: str, all_steps: bool):
     """Yield (model, config, step) of a run's ckpt.pt or, with all_steps, of its ckpt_step*.pt
-    snapshots and then ckpt.pt, in training order, loading one at a time."""
-    run = Path(run_dir)
-    latest = run / "ckpt.pt"
+    snapshots and then ckpt.pt, in training order, one loaded at a time."""
+    run, latest = Path(run_dir), Path(run_dir) / "ckpt.pt"
     if not (run / "config.json").is_file():
-        raise FileNotFoundError(f"{run} is not a run folder (no config.json); pass a folder "
-                                "written by train.py --out_dir.")
+        raise FileNotFoundError(f"{run} is not a run folder (no config.json); pass train.py's "
+                                "--out_dir.")
     if latest.exists() and not latest.is_file():
         raise FileNotFoundError(f"{latest} is not a file; move it away, or pass another run.")
-    paths = sorted(run.glob("ckpt_step*.pt")) + [latest] * latest.is_file()
-    if not paths:
-        raise FileNotFoundError(f"{run} holds no checkpoint (ckpt.pt or ckpt_step*.pt); train "
-                                "it first, or pass --init SIZE.")
-    *snapshots, last = paths
+    if not (paths := sorted(run.glob("ckpt_step*.pt")) + [latest] * latest.is_file()):
+        raise FileNotFoundError(f"{run} holds no checkpoint; train it first, or pass --init.")
     last_step = -1
-    for path in snapshots if all_steps else []:
-        gpt, cfg, last_step = load_checkpoint(path, device)
-        yield gpt, cfg, last_step
-    gpt, cfg, step = load_checkpoint(last, device)
-    if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
-        yield gpt, cfg, step
+    for path in paths if all_steps else paths[-1:]:
+        gpt, cfg, step = load_checkpoint(path, device)
+        if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
+            yield gpt, cfg, step
+        last_step = step
 
 
 def models(args, all_steps: bool = False):
@@ -213,9 +206,8 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
         store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
         lengths = data.ShardLoader(data_dir, args.batch_size, seq_len, split="val").lengths
         if n_tokens > (held := sum((n - 1) // per_batch for n in lengths) * per_batch):
-            raise ValueError(f"--tokens {n_tokens} asks for more than the {held} validation "
-                             f"tokens of {data_dir} in batches of {args.batch_size} × {seq_len}; "
-                             "lower --tokens.")
+            raise ValueError(f"--tokens {n_tokens} is more than the {held} validation tokens "
+                             f"{data_dir} holds in batches of {per_batch}; lower --tokens.")
         batches = data.val_batches(data_dir, n_batches * per_batch, args.batch_size, seq_len)
     else:
         windows = torch.randint(gpt.config.vocab_size, (n_batches, args.batch_size, seq_len + 1),
@@ -230,8 +222,7 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
 
 
 def verify_table(r: dict) -> list[dict]:
-    """Rows of statement, value, holds; an identity (*_dev, prop3_mean) holds at float64
-    round-off of the logits."""
+    """Rows of statement, value, holds; an identity holds at float64 round-off of the logits."""
     value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
                  eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
     holds = {key: r[key] for key in ("B_ratio_le_1", "eq34_holds", "eq35_global_holds")}
@@ -243,24 +234,20 @@ def verify_table(r: dict) -> list[dict]:
 
 
 def run_verify(args) -> dict:
-    """Theorem 4's proof audited step by step (theorem4.py; --exhaustive: its counterexample
-    search, --b_ratio_scan: its scan); with --run or --init also Lemma 1, Lemma 2, Prop. 3 and
-    the proof's steps on the model's own hidden states."""
+    """Theorem 4's proof audited step by step (theorem4.py); with --run or --init also Lemma 1,
+    Lemma 2, Prop. 3 and the proof's steps on the model's own hidden states."""
     result = dict(theorem4_audit=theorem4.theorem4_audit())
-    print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step, exact "
-                "fractions on the smallest counterexamples (theorem4.py); holds: the step's claim "
-                "holds on the example")
+    print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step in exact "
+                "fractions on the smallest counterexamples; holds: the step's claim holds there")
     if args.exhaustive:
         result["exhaustive"] = theorem4.exhaustive_search(args.entries, args.h_entries)
         print_table(result["exhaustive"], f"exhaustive search: V = 3, D = 2, W's entries in "
-                    f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break the "
-                    "claim; W, h: the smallest")
+                    f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break it")
     if args.b_ratio_scan:
-        result["b_ratio_scan"] = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan,
-                                                                        seed=args.seed))
-        print_table(result["b_ratio_scan"], f"B_ratio scan (theorem4.b_ratio_scan): "
-                    f"{args.b_ratio_scan} random matrices, seed {args.seed}; larger_share: share "
-                    "of random h with max|l*| > max|l| (Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
+        scan = theorem4.b_ratio_scan(args.b_ratio_scan, seed=args.seed)
+        result["b_ratio_scan"] = theorem4.binned(scan)
+        print_table(result["b_ratio_scan"], f"B_ratio scan: {args.b_ratio_scan} random matrices, "
+                    f"seed {args.seed}; larger_share: share of random h with max|l*| > max|l|")
     if not (args.run or args.init):
         return result
     (gpt, cfg, step), = models(args)
@@ -270,8 +257,7 @@ def run_verify(args) -> dict:
     heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
     result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   **verify_identities(H.double(), W, W_star, targets, args.chunk))
-    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens, "
-                "float64")
+    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens")
     return result
 
 
@@ -308,7 +294,7 @@ def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[di
 
 def run_logits(args) -> dict:
     """The paper's logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), and what the
-    head's matmul in --dtype loses against float64, as train.py logs them."""
+    head's matmul in --dtype loses against float64."""
     (gpt, cfg, step), = models(args)
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
@@ -328,32 +314,30 @@ def run_logits(args) -> dict:
     if args.offsets:
         result["offsets"] = offset_precision(gpt.head, H, weight, targets, dtype, args.offsets,
                                              args.chunk)
-        print_table(result["offsets"], "every output row shifted by one common vector so that "
-                    f"the mean logit is L (exact arithmetic: no change); the head's matmul in "
-                    f"{args.dtype}", legend=True)
+        print_table(result["offsets"], "every output row shifted by one vector to a mean logit L "
+                    f"(exactly: no change); the head's matmul in {args.dtype}", legend=True)
     if args.plot:
         plot_dot_histogram((W @ W.mean(0)).cpu().numpy(), result, args.bins, args.plot)
     return result
 
 
 def run_bottleneck(args) -> dict:
-    """The share of the loss gradient that the LM head passes on, per checkpoint (N = --tokens,
-    default 4·D; memory N·V·8 bytes)."""
+    """The share of the loss gradient that the LM head passes on, per checkpoint (memory N·V·8
+    bytes)."""
     rows = []
     for gpt, cfg, step in models(args, all_steps=True):
         D, V = gpt.config.n_embd, gpt.config.vocab_size
         n_tokens = args.tokens or DEFAULTS["bottleneck_tokens_per_dim"] * D
         H, targets = hidden_states(gpt, cfg, args, n_tokens)
         W, H = gpt.output_weight.detach().double(), H.double()
-        capped = gpt.head.logits(H, W)
-        G = loss_gradients(capped, targets)  # ∂CE/∂(raw logits W h); regularisers left out
+        G = loss_gradients(capped := gpt.head.logits(H, W), targets)  # regularisers left out
         if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
             G *= 1 - (capped / gpt.head.cap) ** 2
         rows.append(dict(step=step, **bottleneck(G, W, H)))
     trivial = trivially_one(n_tokens, V, D)
     note = f"; trivially 1 as N ≤ {'2D' if len(trivial) < 3 else 'D'}: {', '.join(trivial)}"
-    print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
-                f"V = {V}{note if trivial else ''}",
+    print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens}, D = {D}, "
+                f"V = {V}{note * bool(trivial)}",
                 ["step", *(key for key in MEANING if key in rows[0])], legend=True)
     if args.plot:
         plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy",
@@ -383,7 +367,7 @@ def print_table(rows: list[dict], title: str, columns=None, legend: bool = False
 
 
 def write_file(path: str, content: bytes) -> None:
-    """Write content to path at once (store.write_atomic); a failure is one sentence."""
+    """Write content to path at once (store.write_atomic)."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
@@ -477,8 +461,8 @@ def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")
-    add("--tokens", type=positive_int, help=f"hidden states (validation tokens) per measurement, "
-                                            f"N (default {DEFAULTS['tokens']}; bottleneck: 4·D)")
+    add("--tokens", type=positive_int, help=f"validation tokens N per measurement (default "
+                                            f"{DEFAULTS['tokens']}; bottleneck: 4·D)")
     add("--batch_size", type=positive_int, default=4)
     add("--seq_len", type=positive_int, help="tokens per sequence (default: the run's, "
                                              f"{DEFAULTS['init_seq_len']} for --init)")
@@ -510,10 +494,8 @@ def main(argv=None) -> dict:
         shared_options()[1], model_source(name != "verify")]) for name, run in COMMANDS.items()}
     add = command["verify"].add_argument
     add("--exhaustive", action="store_true", help="search small integer W for counterexamples")
-    add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES,
-        help="with --exhaustive: W's entries in {-K, ..., K}")
-    add("--h_entries", type=positive_int, default=theorem4.SEARCH_H_ENTRIES,
-        help="with --exhaustive: h's entries in {-K, ..., K}")
+    add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES, help="W's entries in ±K")
+    add("--h_entries", type=positive_int, default=theorem4.SEARCH_H_ENTRIES, help="h's in ±K")
     add("--b_ratio_scan", type=positive_int, nargs="?", metavar="MATRICES",
         const=theorem4.SCAN_MATRICES, help="how often a random h breaks Theorem 4, per B_ratio "
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
@@ -535,8 +517,7 @@ def execute(args, commands: dict, program: str) -> dict:
     """Run args.command and write --json; a bad input ends in one sentence, not a traceback."""
     try:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device} needs CUDA, which is not available here; "
-                             "use --device cpu.")
+            raise ValueError(f"--device {args.device} needs CUDA, absent here; use --device cpu.")
         result = commands[args.command](args)
         if args.json:
             write_file(args.json, (json.dumps(result, indent=2) + "\n").encode())
