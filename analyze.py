@@ -1,7 +1,6 @@
 """This paper's checks on a model or a run's checkpoints, and the gradient bottleneck.
 
-    python analyze.py verify [--run DIR | --init SIZE]  # Theorem 4's proof audited (theorem4.py);
-                                                        # with a model also Lemma 1–2, Prop. 3
+    python analyze.py verify [--run DIR | --init SIZE]  # Theorem 4's proof; a model's Lemma 1–2
     python analyze.py verify --exhaustive --b_ratio_scan
     python analyze.py logits --run out --dtype bfloat16 # logit statistics, ‖μ‖, B_ratio, Fig. 1
     python analyze.py bottleneck --run out              # the loss gradient the head lets through
@@ -133,14 +132,12 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     r, g_sq, kept_sq = Q.shape[1], (G ** 2).sum(1), ((G @ Q) ** 2).sum(1)
     sigma_sq = torch.linalg.eigvalsh(G @ G.T).flip(0).clamp_min(0)  # σᵢ² of G, descending
     total = sigma_sq.sum()
-    rank2D = (sigma_sq[:2 * D].sum() / total).item()
-    energy = kept_sq / g_sq
+    rank2D, energy = (sigma_sq[:2 * D].sum() / total).item(), kept_sq / g_sq
     retained_norm, retained_energy = energy.sqrt().mean().item(), energy.mean().item()
     out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
                retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
                suppressed_energy=1 - retained_energy, isotropic_energy=r / V,
-               isotropic_norm=math.sqrt(r / V),
-               pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
+               isotropic_norm=math.sqrt(r / V), pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
                rankD_energy=(sigma_sq[:D].sum() / total).item(),
                rank2D_energy=rank2D, rank2D_cosine=math.sqrt(rank2D))
     if H is not None:
@@ -221,18 +218,6 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
     return torch.cat(H)[:n_tokens], torch.cat(Y)[:n_tokens]
 
 
-def verify_table(r: dict) -> list[dict]:
-    """Rows of statement, value, holds; an identity holds at float64 round-off of the logits."""
-    value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
-                 eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
-    holds = {key: r[key] for key in ("B_ratio_le_1", "eq34_holds", "eq35_global_holds")}
-    holds.update(lemma2_ratio=r["lemma2_ratio"] <= 1 + 1e-12,
-                 eq35_token_share=r["eq35_token_share"] == 1)
-    tol = 1e-12 * max(1.0, r["max_abs_logit"])
-    return [dict(statement=statement, value=value[key], holds=holds.get(key, value[key] <= tol))
-            for key, statement in STATEMENTS.items()]
-
-
 def run_verify(args) -> dict:
     """Theorem 4's proof audited step by step (theorem4.py); with --run or --init also Lemma 1,
     Lemma 2, Prop. 3 and the proof's steps on the model's own hidden states."""
@@ -255,10 +240,18 @@ def run_verify(args) -> dict:
     W = gpt.output_weight.detach().double()
     W_star = W.clone()
     heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
-    result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
-                  **verify_identities(H.double(), W, W_star, targets, args.chunk))
-    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens")
-    return result
+    r = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
+             **verify_identities(H.double(), W, W_star, targets, args.chunk))
+    value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
+                 eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
+    holds = dict(r, lemma2_ratio=r["lemma2_ratio"] <= 1 + 1e-12,
+                 eq35_token_share=r["eq35_token_share"] == 1)
+    tol = 1e-12 * max(1.0, r["max_abs_logit"])  # an identity holds at float64 round-off
+    rows = [dict(statement=statement, value=value[key],
+                 holds=holds[key] if isinstance(holds[key], bool) else value[key] <= tol)
+            for key, statement in STATEMENTS.items()]
+    print_table(rows, f"verify: {describe(args, cfg, step)}, {len(H)} tokens")
+    return result | r
 
 
 def bf16_spacing(x: float) -> float:
