@@ -291,8 +291,7 @@ def run_logits(args) -> dict:
     (gpt, cfg, step), = models(args)
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
-    weight = gpt.output_weight.detach()
-    W = weight.double()
+    W = (weight := gpt.output_weight.detach()).double()
     stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu()
                 for h in H.split(args.chunk))
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
@@ -315,8 +314,7 @@ def run_logits(args) -> dict:
 
 
 def run_bottleneck(args) -> dict:
-    """The share of the loss gradient that the LM head passes on, per checkpoint (memory N·V·8
-    bytes)."""
+    """The share of the loss gradient that the LM head passes on, per checkpoint (N·V·8 bytes)."""
     rows = []
     for gpt, cfg, step in models(args, all_steps=True):
         D, V = gpt.config.n_embd, gpt.config.vocab_size
@@ -406,8 +404,7 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     if len(rows) == 1:
         ax.barh(keys, [rows[0][key] for key in keys], color="tab:blue")
         ax.invert_yaxis()  # the first key on top, as in the printed table
-        ax.set(xlabel=ylabel, title=f"one checkpoint, step {rows[0]['step']} (keep_every "
-                                    "snapshots give curves)")
+        ax.set(xlabel=ylabel, title=f"one checkpoint, step {rows[0]['step']} (keep_every: curves)")
     else:
         for key in keys:
             ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", label=key)
@@ -417,7 +414,6 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 
 def offset(text: str) -> float:
-    """A mean logit L of --offsets: a finite number with |L| ≤ OFFSET_LIMIT."""
     try:
         value = float(text)
     except ValueError:
@@ -428,18 +424,16 @@ def offset(text: str) -> float:
     return value
 
 
-def seed(text: str) -> int:
-    """A seed of torch.manual_seed: an integer from 0 to 2⁶⁴ − 1."""
+def seed(text: str) -> int:  # torch.manual_seed's range
     if (value := store.non_negative_int(text)) >= 2 ** 64:
         raise argparse.ArgumentTypeError(f"{text} is too large; give an integer from 0 to 2^64 − 1")
     return value
 
 
 def device(text: str) -> str:
-    """A torch device this code runs on: cpu, cuda or cuda:N."""
     if not re.fullmatch(r"(cpu|cuda)(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, cuda "
-                                         "or cuda:N")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, "
+                                         "cuda or cuda:N")
     return text
 
 
@@ -457,8 +451,7 @@ def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     add("--tokens", type=positive_int, help=f"validation tokens N per measurement (default "
                                             f"{DEFAULTS['tokens']}; bottleneck: 4·D)")
     add("--batch_size", type=positive_int, default=4)
-    add("--seq_len", type=positive_int, help="tokens per sequence (default: the run's, "
-                                             f"{DEFAULTS['init_seq_len']} for --init)")
+    add("--seq_len", type=positive_int, help=f"the run's; --init: {DEFAULTS['init_seq_len']}")
     add("--chunk", type=positive_int, default=DEFAULTS["chunk"],
         help="token rows per float64 block of logits (chunk·V·8 bytes)")
     return output, measurement
@@ -476,15 +469,13 @@ def model_source(required: bool) -> argparse.ArgumentParser:
     return source
 
 
-COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
-
-
 def main(argv=None) -> dict:
+    commands = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0], parents=[
-        shared_options()[1], model_source(name != "verify")]) for name, run in COMMANDS.items()}
+        shared_options()[1], model_source(name != "verify")]) for name, run in commands.items()}
     add = command["verify"].add_argument
     add("--exhaustive", action="store_true", help="search small integer W for counterexamples")
     add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES, help="W's entries in ±K")
@@ -494,8 +485,7 @@ def main(argv=None) -> dict:
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
     add = command["logits"].add_argument
     add("--bins", type=positive_int, default=100, help="histogram bins of eᵢ·μ")
-    add("--dtype", choices=("float32", "bfloat16"), default="float32",
-        help="the model's matmul dtype, as train.py --dtype")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32", help="as train.py's")
     add("--offsets", type=offset, nargs="+", metavar="L", help="also what --dtype loses with all "
         "rows shifted by one vector to a mean logit L (e.g. 0 100 1000)")
     args = p.parse_args(argv)
@@ -503,7 +493,7 @@ def main(argv=None) -> dict:
         p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
     if args.command != "bottleneck" and args.tokens is None:
         args.tokens = DEFAULTS["tokens"]
-    return execute(args, COMMANDS, "analyze.py")
+    return execute(args, commands, "analyze.py")
 
 
 def execute(args, commands: dict, program: str) -> dict:
