@@ -107,9 +107,7 @@ def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> 
 
 def loss_gradients(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """G (N×V): row t is gₜ = ∂CEₜ/∂lₜ = softmax(lₜ) − onehot(yₜ)."""
-    G = logits.softmax(1)
-    G[torch.arange(len(targets)), targets] -= 1
-    return G
+    return logits.softmax(1) - F.one_hot(targets, logits.shape[1])
 
 
 def trivially_one(n_tokens: int, vocab: int, dim: int) -> list[str]:
@@ -197,8 +195,7 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
     """(H, targets): the final hidden states (N×D, float32) of N = n_tokens validation tokens of
     the run's data or --data (random tokens without), the model under autocast to `dtype`."""
     seq_len, data_dir = args.seq_len or int(cfg["seq_len"]), args.data or cfg.get("data")
-    per_batch = args.batch_size * seq_len
-    n_batches = math.ceil(n_tokens / per_batch)
+    n_batches = math.ceil(n_tokens / (per_batch := args.batch_size * seq_len))
     if data_dir:
         store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
         lengths = data.ShardLoader(data_dir, args.batch_size, seq_len, split="val").lengths
@@ -268,23 +265,6 @@ def mean_logit_shift(H: torch.Tensor, W: torch.Tensor, mean_logit: float) -> tor
     return (mean_logit - h_mean @ mu) / h_mean.square().sum() * h_mean
 
 
-def precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, dtype, chunk: int):
-    """measure.precision_stat_sums over the tokens of H, chunk by chunk, as means."""
-    sums = sum(measure.precision_stat_sums(head, h, W, y, dtype).cpu()
-               for h, y in zip(H.split(chunk), targets.split(chunk)))
-    return dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
-
-
-def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[dict]:
-    """The finite-precision channel alone: all rows shifted by one vector c (mean_logit_shift)
-    to a mean logit L: exactly, nothing changes (softmax cannot see c·h); in `dtype`, rounding."""
-    sigma = torch.cat([(h.double() @ W.double().T).std(dim=1, correction=0)
-                       for h in H.split(chunk)]).mean().item()
-    return [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma,
-                 **precision(head, H, W + mean_logit_shift(H, W, L).to(W.dtype), targets, dtype,
-                             chunk)) for L in offsets]
-
-
 def run_logits(args) -> dict:
     """The paper's logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), and what the
     head's matmul in --dtype loses against float64."""
@@ -292,20 +272,25 @@ def run_logits(args) -> dict:
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
     W = (weight := gpt.output_weight.detach()).double()
-    stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu()
-                for h in H.split(args.chunk))
+    chunks = list(zip(H.split(args.chunk), targets.split(args.chunk)))
+
+    def precision(E):  # measure.precision_stat_sums over the tokens, as means
+        sums = sum(measure.precision_stat_sums(gpt.head, h, E, y, dtype).cpu() for h, y in chunks)
+        return dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
+    stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu() for h, _ in chunks)
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   dtype=args.dtype, h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
                   **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
-                  **precision(gpt.head, H, weight, targets, dtype, args.chunk),
-                  **theorem4_bounds(W))
+                  **precision(weight), **theorem4_bounds(W))
     print_table([dict(quantity=key, value=result[key], meaning=MEANING[key]) for key in MEANING
                  if key in result], f"logits: {describe(args, cfg, step)}; per-token figures "
                 f"averaged over {len(H)} tokens; --dtype {args.dtype}")
-    if args.offsets:
-        result["offsets"] = offset_precision(gpt.head, H, weight, targets, dtype, args.offsets,
-                                             args.chunk)
+    if args.offsets:  # all rows + c (mean_logit_shift): exactly no change, as softmax drops c·h
+        sigma = torch.cat([(h.double() @ W.T).std(1, correction=0) for h, _ in chunks]).mean()
+        result["offsets"] = [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma.item(),
+                                  **precision(weight + mean_logit_shift(H, W, L).to(weight.dtype)))
+                             for L in args.offsets]
         print_table(result["offsets"], "every output row shifted by one vector to a mean logit L "
                     f"(exactly: no change); the head's matmul in {args.dtype}", legend=True)
     if args.plot:
