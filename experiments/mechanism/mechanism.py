@@ -4,8 +4,7 @@ five numerics.
 
 Exactly, a common shift of the rows changes no prediction and no AdamW step (∂L/∂h gains
 c·Σᵢ(pᵢ − yᵢ) = 0), so a gap to the unshifted twin is finite precision alone, but for μ-loss,
-whose λ‖μ + c‖² sees it. Shifts: none; along L (c ∥ h̄, the mean logit becomes L); ortho (‖c‖ as
-along 1000, along the least eigenvector of the mean hhᵀ over validation states: l̄ stays).
+whose λ‖μ + c‖² sees it.
 """
 import argparse
 import csv
@@ -58,7 +57,8 @@ def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:  # (B·T, D
 
 
 def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=ORTHO_LEVEL):
-    """{name: c (D,) float64}: none, along{L} for each L, ortho (the module's docstring)."""
+    """{name: c (D,) float64}: none; along{L} (c ∥ h̄, l̄ → L); ortho (‖c‖ as along ortho_level,
+    along the least eigenvector of the mean hhᵀ of the states H: l̄ stays, only the rows grow)."""
     shifts = {"none": torch.zeros(H.shape[1], dtype=torch.float64)}
     for level in levels:
         shifts[f"along{level:g}"] = analyze.mean_logit_shift(H, W, level)
