@@ -27,7 +27,6 @@ import theorem4
 from store import positive_int
 
 DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify, logits and rarity
-                bottleneck_tokens_per_dim=4,  # bottleneck's N = 4·D > 2D: no figure trivially 1
                 init_seq_len=256, chunk=128)  # chunk: token rows per float64 block of logits
 OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
@@ -162,8 +161,7 @@ def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
 
 
 def run_models(run_dir: str, device: str, all_steps: bool):
-    """Yield (model, config, step) of a run's ckpt.pt or, with all_steps, of its ckpt_step*.pt
-    snapshots and then ckpt.pt, in training order, one loaded at a time."""
+    """Yield (model, config, step) of ckpt.pt or, with all_steps, of each snapshot, then ckpt.pt."""
     run, latest = Path(run_dir), Path(run_dir) / "ckpt.pt"
     if not (run / "config.json").is_file():
         raise FileNotFoundError(f"{run} is not a run folder (no config.json); pass train.py's "
@@ -303,7 +301,7 @@ def run_bottleneck(args) -> dict:
     rows = []
     for gpt, cfg, step in models(args, all_steps=True):
         D, V = gpt.config.n_embd, gpt.config.vocab_size
-        n_tokens = args.tokens or DEFAULTS["bottleneck_tokens_per_dim"] * D
+        n_tokens = args.tokens or 4 * D  # N > 2D: no figure trivially 1
         H, targets = hidden_states(gpt, cfg, args, n_tokens)
         W, H = gpt.output_weight.detach().double(), H.double()
         G = loss_gradients(capped := gpt.head.logits(H, W), targets)  # regularisers left out
@@ -343,7 +341,6 @@ def print_table(rows: list[dict], title: str, columns=None, legend: bool = False
 
 
 def write_file(path: str, content: bytes) -> None:
-    """Write content to path at once (store.write_atomic)."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
