@@ -28,7 +28,6 @@ from store import positive_int
 
 DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify, logits and rarity
                 init_seq_len=256, chunk=128)  # chunk: token rows per float64 block of logits
-OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
 # verify's statements, keyed as in verify_identities; *_dev ≥ 0: the deviation from an identity
 STATEMENTS = dict(
@@ -233,8 +232,7 @@ def run_verify(args) -> dict:
     (gpt, cfg, step), = models(args)
     H, targets = hidden_states(gpt, cfg, args, args.tokens)
     W = gpt.output_weight.detach().double()
-    W_star = W.clone()
-    heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
+    heads.build("mu_center").after_step(W_star := W.clone())  # the project's μ-centering
     r = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
              **verify_identities(H.double(), W, W_star, targets, args.chunk))
     value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
@@ -264,8 +262,7 @@ def mean_logit_shift(H: torch.Tensor, W: torch.Tensor, mean_logit: float) -> tor
 
 
 def run_logits(args) -> dict:
-    """The paper's logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), and what the
-    head's matmul in --dtype loses against float64."""
+    """Logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), what --dtype's head loses."""
     (gpt, cfg, step), = models(args)
     dtype = getattr(torch, args.dtype)
     H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
@@ -382,7 +379,6 @@ def plot_dot_histogram(dots, bounds: dict, bins: int, path: str) -> None:
 def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     """One line per key against the training step; of one checkpoint, one bar per key."""
     fig, ax = new_axes()
-    keys = list(keys)
     if len(rows) == 1:
         ax.barh(keys, [rows[0][key] for key in keys], color="tab:blue")
         ax.invert_yaxis()  # the first key on top, as in the printed table
@@ -395,14 +391,14 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     save_figure(fig, path)
 
 
-def offset(text: str) -> float:
+def offset(text: str, limit: float = 1e8) -> float:  # by 10⁹ the measured rounding overflows
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a mean logit L") from None
-    if not abs(value) <= OFFSET_LIMIT:  # also NaN
+    if not abs(value) <= limit:  # also NaN
         raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with "
-                                         f"|L| ≤ {OFFSET_LIMIT:g}")
+                                         f"|L| ≤ {limit:g}")
     return value
 
 
@@ -434,8 +430,7 @@ def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                                             f"{DEFAULTS['tokens']}; bottleneck: 4·D)")
     add("--batch_size", type=positive_int, default=4)
     add("--seq_len", type=positive_int, help=f"the run's; --init: {DEFAULTS['init_seq_len']}")
-    add("--chunk", type=positive_int, default=DEFAULTS["chunk"],
-        help="token rows per float64 block of logits (chunk·V·8 bytes)")
+    add("--chunk", type=positive_int, default=DEFAULTS["chunk"], help="logit rows at once: chunk·V·8 B")
     return output, measurement
 
 
@@ -473,8 +468,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.command == "verify" and args.plot:
         p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
-    if args.command != "bottleneck" and args.tokens is None:
-        args.tokens = DEFAULTS["tokens"]
+    args.tokens = args.tokens or (None if args.command == "bottleneck" else DEFAULTS["tokens"])
     return execute(args, commands, "analyze.py")
 
 
