@@ -430,7 +430,7 @@ def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                                             f"{DEFAULTS['tokens']}; bottleneck: 4·D)")
     add("--batch_size", type=positive_int, default=4)
     add("--seq_len", type=positive_int, help=f"the run's; --init: {DEFAULTS['init_seq_len']}")
-    add("--chunk", type=positive_int, default=DEFAULTS["chunk"], help="logit rows at once: chunk·V·8 B")
+    add("--chunk", type=positive_int, default=DEFAULTS["chunk"], help="rows at once: chunk·V·8 B")
     return output, measurement
 
 
