@@ -51,8 +51,7 @@ MEANING = dict(
     prec_ce_gap="loss with the head's matmul in --dtype minus the float64 loss",
     prec_err_cast="logit error from rounding W and h to --dtype, over σ_l",
     prec_err_round="logit error from rounding the matmul's result to --dtype, over σ_l",
-    offset="the mean logit L that one common shift of all rows moves the logits to",
-    spacing_over_sigma="gap between neighbouring bf16 numbers at L, over σ_l",
+    offset="mean logit L the rows are shifted to", spacing_over_sigma="bf16's spacing at L / σ_l",
     retained_norm="‖Pg‖/‖g‖: share of a token's gradient norm that reaches h",
     suppressed_norm="1 − retained_norm", retained_energy="‖Pg‖²/‖g‖²",
     isotropic_energy="r/V: retained_energy for a random col(W)",
@@ -323,10 +322,8 @@ def describe(args, cfg: dict, step: int) -> str:
 
 def print_table(rows: list[dict], title: str, columns=None, legend: bool = False) -> None:
     """An aligned table of `columns` (default: the first row's keys); legend: their MEANING."""
-    def cell(value):
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        return f"{value:.4g}" if isinstance(value, float) else "—" if value is None else str(value)
+    cell = lambda v: ("yes" if v else "no") if isinstance(v, bool) else (
+        f"{v:.4g}" if isinstance(v, float) else "—" if v is None else str(v))
     columns = columns or list(rows[0])
     cells = [[cell(row[c]) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
