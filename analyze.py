@@ -42,8 +42,7 @@ STATEMENTS = dict(
 # Every other printed key in words (the JSON keeps the keys)
 MEANING = dict(
     logit_mean="mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)", logit_std="spread σ_l of the logits",
-    logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
-    mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
+    logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)", mu_norm="‖μ‖ (Eq. 7)",
     h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)",
     h_mu_cos="cos(h̄, μ)", mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ",
     B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)", B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)",
@@ -70,8 +69,7 @@ def theorem4_bounds(W: torch.Tensor) -> dict:
 
 
 def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> dict:
-    """STATEMENTS on hidden states H (N×D), W (V×D) and W_star (W μ-centred): l = H Wᵀ,
-    l* = H W*ᵀ, each deviation maximised over tokens."""
+    """STATEMENTS on states H (N×D), W (V×D), W_star (W μ-centred): l = H Wᵀ, l* = H W*ᵀ."""
     mu = W.mean(0)
     max_norm, max_norm_star = W.norm(dim=1).max(), W_star.norm(dim=1).max()
     out = dict(centering_dev=(W_star - (W - mu)).abs().max().item())
@@ -247,15 +245,13 @@ def run_verify(args) -> dict:
 
 
 def bf16_spacing(x: float) -> float:
-    """The gap between neighbouring bf16 numbers at |x|: 8 significant bits, so 2^(⌊log₂|x|⌋−7)
-    (0.0625 at 10, 1 at 128, 8 at 1152: a logit stored there is known to ±half of it)."""
+    """The gap between neighbouring bf16 numbers at |x| (8 significant bits): 2^(⌊log₂|x|⌋−7)."""
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 0.0
 
 
 def mean_logit_shift(H: torch.Tensor, W: torch.Tensor, mean_logit: float) -> torch.Tensor:
-    """The common row shift c = a·h̄ along the mean hidden state h̄ of H (N, D) that moves the
-    mean logit over those tokens to L = mean_logit, float64 (D,): by Lemma 1 the mean logit
-    μ·h̄ becomes (μ + c)·h̄ = μ·h̄ + a‖h̄‖², so a = (L − μ·h̄)/‖h̄‖²."""
+    """The common row shift c = a·h̄ (float64, D) that moves the mean logit μ·h̄ over H's tokens
+    to L = mean_logit: (μ + c)·h̄ = μ·h̄ + a‖h̄‖² (Lemma 1), so a = (L − μ·h̄)/‖h̄‖²."""
     h_mean, mu = H.double().mean(0), W.double().mean(0)
     return (mean_logit - h_mean @ mu) / h_mean.square().sum() * h_mean
 
@@ -263,8 +259,7 @@ def mean_logit_shift(H: torch.Tensor, W: torch.Tensor, mean_logit: float) -> tor
 def run_logits(args) -> dict:
     """Logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), what --dtype's head loses."""
     (gpt, cfg, step), = models(args)
-    dtype = getattr(torch, args.dtype)
-    H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
+    H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype := getattr(torch, args.dtype))
     W = (weight := gpt.output_weight.detach()).double()
     chunks = list(zip(H.split(args.chunk), targets.split(args.chunk)))
 
@@ -415,11 +410,10 @@ def device(text: str) -> str:
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers shared with the experiments: output, and measurement (output's and more)."""
     output = argparse.ArgumentParser(add_help=False)
-    add = output.add_argument
-    add("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
-    add("--json", help="write the numbers to this JSON file")
-    add("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    add("--seed", type=seed, default=0)
+    output.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
+    output.add_argument("--json", help="write the numbers to this JSON file")
+    output.add_argument("--plot", help="write a figure to this file (.png, .pdf, .svg)")
+    output.add_argument("--seed", type=seed, default=0)
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")
@@ -436,10 +430,9 @@ def model_source(required: bool) -> argparse.ArgumentParser:
     which = source.add_mutually_exclusive_group(required=required)
     which.add_argument("--run", help="a train.py run folder (config.json, ckpt.pt, ckpt_step*.pt)")
     which.add_argument("--init", choices=list(model.SIZES), help="a fresh model of this size")
-    add = source.add_argument
-    add("--head", choices=heads.HEADS, default="baseline", help="with --init")
-    add("--tie", action="store_true", help="with --init: tied embeddings")
-    add("--vocab_size", type=positive_int, default=50304, help="with --init")
+    source.add_argument("--head", choices=heads.HEADS, default="baseline", help="with --init")
+    source.add_argument("--tie", action="store_true", help="with --init: tied embeddings")
+    source.add_argument("--vocab_size", type=positive_int, default=50304, help="with --init")
     return source
 
 
