@@ -298,26 +298,24 @@ def main(argv=None) -> dict:
     tying.add_argument("--tied", required=True, help="run folder trained with --tie")
     tying.add_argument("--untied", required=True, help="run folder trained without --tie")
     tying.add_argument("--knn", type=count, default=10, help="neighbours in the k-NN overlap")
-    signatures = sub.add_parser("signatures", parents=[measurement, token_set],
-                                help=run_signatures.__doc__)
-    signatures.add_argument("--run", required=True, help="a train.py run folder")
-    signatures.add_argument("--offsets", type=int, nargs="+", default=[1, -1, -2, -3],
-                            help="+1 = label signature, -k = context k tokens back")
-    trivial = sub.add_parser("trivial", parents=[output],
-                             help=run_trivial.__doc__.split("\n\n")[0])
-    a = trivial.add_argument
+    a = sub.add_parser("signatures", parents=[measurement, token_set],
+                       help=run_signatures.__doc__).add_argument
+    a("--run", required=True, help="a train.py run folder")
+    a("--offsets", type=int, nargs="+", default=[1, -1, -2, -3],
+      help="+1 = label signature, -k = context k tokens back")
+    a = sub.add_parser("trivial", parents=[output],
+                       help=run_trivial.__doc__.split("\n\n")[0]).add_argument
     a("--out", required=True, help="folder for the data and runs")
     a("--vocabs", type=count, nargs="+", default=[16, 256, 4096],
       help="vocabularies V (at tiny's D = 64: below, 4× and 64× above D)")
     a("--size", choices=list(model.SIZES), default="tiny")
     a("--head", choices=heads.HEADS, default="baseline")
     a("--tie", action="store_true", help="tied embeddings")
-    a("--steps", type=count, default=200)
-    a("--seq_len", type=count, default=32)
-    a("--batch_size", type=count, default=16)
+    for name, default in (("steps", 200), ("seq_len", 32), ("batch_size", 16),
+                          ("trivial_tokens", 200_000)):
+        a(f"--{name}", type=count, default=default)
     a("--seqs_per_token", type=store.non_negative_float, default=0.0,
       help="train each V for at least S·V/batch steps (equal exposure)")
-    a("--trivial_tokens", type=count, default=200_000)
     a("--train_args", nargs=argparse.REMAINDER, default=[],
       help="everything after this goes to train.py as is (e.g. --lr 3e-3)")
     args = p.parse_args(argv)
