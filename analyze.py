@@ -1,6 +1,6 @@
 """This paper's checks on a model or a run's checkpoints, and the gradient bottleneck.
 
-    python analyze.py verify [--run DIR | --init SIZE]  # Theorem 4's proof; a model's Lemma 1–2
+    python analyze.py verify [--run DIR | --init SIZE]  # Theorem 4's proof; Lemma 1–2, Prop. 3
     python analyze.py verify --exhaustive --b_ratio_scan
     python analyze.py logits --run out --dtype bfloat16 # logit statistics, ‖μ‖, B_ratio, Fig. 1
     python analyze.py bottleneck --run out              # the loss gradient the head lets through
