@@ -1,7 +1,6 @@
 """This paper's checks on a model or a run's checkpoints, and the gradient bottleneck.
 
-    python analyze.py verify [--run DIR | --init SIZE]  # Theorem 4's proof audited (theorem4.py);
-                                                        # with a model also Lemma 1–2, Prop. 3
+    python analyze.py verify [--run DIR | --init SIZE]  # Theorem 4's proof; Lemma 1–2, Prop. 3
     python analyze.py verify --exhaustive --b_ratio_scan
     python analyze.py logits --run out --dtype bfloat16 # logit statistics, ‖μ‖, B_ratio, Fig. 1
     python analyze.py bottleneck --run out              # the loss gradient the head lets through
@@ -28,9 +27,7 @@ import theorem4
 from store import positive_int
 
 DEFAULTS = dict(tokens=512,  # hidden states N per measurement of verify, logits and rarity
-                bottleneck_tokens_per_dim=4,  # bottleneck's N = 4·D > 2D: no figure trivially 1
                 init_seq_len=256, chunk=128)  # chunk: token rows per float64 block of logits
-OFFSET_LIMIT = 1e8  # |L| of --offsets: by 10⁹ the float32 rounding error measured overflows
 
 # verify's statements, keyed as in verify_identities; *_dev ≥ 0: the deviation from an identity
 STATEMENTS = dict(
@@ -45,17 +42,15 @@ STATEMENTS = dict(
 # Every other printed key in words (the JSON keeps the keys)
 MEANING = dict(
     logit_mean="mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)", logit_std="spread σ_l of the logits",
-    logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)",
-    mu_norm="‖μ‖: length of the mean output embedding (Eq. 7)",
+    logit_absmax="largest |lᵢ|", log2Z="log²Z, z-loss's term (Eq. 5)", mu_norm="‖μ‖ (Eq. 7)",
     h_mu_proj="h̄·μ̂: the mean hidden state along μ (l̄ = ‖μ‖·h̄·μ̂, Lemma 1)",
-    h_mu_cos="cos(h̄, μ)",
-    mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ", B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)",
-    B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)", B_ratio="Eq. 13 (Theorem 4: theorem4.py's verdict)",
+    h_mu_cos="cos(h̄, μ)", mu_sq="‖μ‖², the centre of Eq. 12's bounds on eᵢ·μ",
+    B_minus="B₋ = ‖μ‖² − minᵢ eᵢ·μ (Eq. 12)", B_plus="B₊ = maxᵢ eᵢ·μ − ‖μ‖² (Eq. 12)",
+    B_ratio="Eq. 13 (Theorem 4: theorem4.py's verdict)",
     prec_ce_gap="loss with the head's matmul in --dtype minus the float64 loss",
     prec_err_cast="logit error from rounding W and h to --dtype, over σ_l",
     prec_err_round="logit error from rounding the matmul's result to --dtype, over σ_l",
-    offset="the mean logit L that one common shift of all rows moves the logits to",
-    spacing_over_sigma="gap between neighbouring bf16 numbers at L, over σ_l",
+    offset="mean logit L the rows are shifted to", spacing_over_sigma="bf16's spacing at L / σ_l",
     retained_norm="‖Pg‖/‖g‖: share of a token's gradient norm that reaches h",
     suppressed_norm="1 − retained_norm", retained_energy="‖Pg‖²/‖g‖²",
     isotropic_energy="r/V: retained_energy for a random col(W)",
@@ -67,16 +62,14 @@ MEANING = dict(
 
 
 def theorem4_bounds(W: torch.Tensor) -> dict:
-    """‖μ‖, ‖μ‖², the tight bounds B₋, B₊ of Eq. 12 and B_ratio (Eq. 13), from measure.py."""
+    """‖μ‖, ‖μ‖², Eq. 12's tight bounds B₋, B₊ and B_ratio (Eq. 13), from measure.py."""
     b_minus, b_plus, mu_sq = measure.b_bounds(W)
     return dict(mu_norm=math.sqrt(mu_sq), mu_sq=mu_sq, B_minus=b_minus, B_plus=b_plus,
                 B_ratio=measure.b_ratio(W))
 
 
 def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> dict:
-    """STATEMENTS on hidden states H (N×D), output embedding W (V×D) and W_star (W after the
-    project's μ-centering): l = H Wᵀ, l* = H W*ᵀ, each deviation maximised over tokens
-    (theorem4.py says why each step of Theorem 4's proof holds or fails)."""
+    """STATEMENTS on states H (N×D), W (V×D), W_star (W μ-centred): l = H Wᵀ, l* = H W*ᵀ."""
     mu = W.mean(0)
     max_norm, max_norm_star = W.norm(dim=1).max(), W_star.norm(dim=1).max()
     out = dict(centering_dev=(W_star - (W - mu)).abs().max().item())
@@ -109,9 +102,7 @@ def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> 
 
 def loss_gradients(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """G (N×V): row t is gₜ = ∂CEₜ/∂lₜ = softmax(lₜ) − onehot(yₜ)."""
-    G = logits.softmax(1)
-    G[torch.arange(len(targets)), targets] -= 1
-    return G
+    return logits.softmax(1) - F.one_hot(targets, logits.shape[1])
 
 
 def trivially_one(n_tokens: int, vocab: int, dim: int) -> list[str]:
@@ -131,18 +122,15 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     (N, V), D = G.shape, W.shape[1]
     U, S, _ = torch.linalg.svd(W, full_matrices=False)
     Q = U[:, S > 1e-10 * S.max()]  # col(W) at W's numerical rank r
-    r = Q.shape[1]
-    g_sq, kept_sq = (G ** 2).sum(1), ((G @ Q) ** 2).sum(1)
-    energy = kept_sq / g_sq
+    r, g_sq, kept_sq = Q.shape[1], (G ** 2).sum(1), ((G @ Q) ** 2).sum(1)
     sigma_sq = torch.linalg.eigvalsh(G @ G.T).flip(0).clamp_min(0)  # σᵢ² of G, descending
     total = sigma_sq.sum()
-    rank2D = (sigma_sq[:2 * D].sum() / total).item()
+    rank2D, energy = (sigma_sq[:2 * D].sum() / total).item(), kept_sq / g_sq
     retained_norm, retained_energy = energy.sqrt().mean().item(), energy.mean().item()
     out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
                retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
                suppressed_energy=1 - retained_energy, isotropic_energy=r / V,
-               isotropic_norm=math.sqrt(r / V),
-               pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
+               isotropic_norm=math.sqrt(r / V), pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
                rankD_energy=(sigma_sq[:D].sum() / total).item(),
                rank2D_energy=rank2D, rank2D_cosine=math.sqrt(rank2D))
     if H is not None:
@@ -154,7 +142,7 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
 
 
 def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
-    """(model in eval mode on device, its config, its step); a bad file: one ValueError."""
+    """(model in eval mode on device, its config, its step)."""
     ckpt = model.load_checkpoint(path, map_location="cpu")
     try:
         gpt = model.from_config(ckpt["config"])
@@ -169,27 +157,21 @@ def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
 
 
 def run_models(run_dir: str, device: str, all_steps: bool):
-    """Yield (model, config, step) of a run's ckpt.pt or, with all_steps, of its ckpt_step*.pt
-    snapshots and then ckpt.pt, in training order, loading one at a time."""
-    run = Path(run_dir)
-    latest = run / "ckpt.pt"
+    """Yield (model, config, step) of ckpt.pt or, with all_steps, of each snapshot, then ckpt.pt."""
+    run, latest = Path(run_dir), Path(run_dir) / "ckpt.pt"
     if not (run / "config.json").is_file():
-        raise FileNotFoundError(f"{run} is not a run folder (no config.json); pass a folder "
-                                "written by train.py --out_dir.")
+        raise FileNotFoundError(f"{run} is not a run folder (no config.json); pass train.py's "
+                                "--out_dir.")
     if latest.exists() and not latest.is_file():
         raise FileNotFoundError(f"{latest} is not a file; move it away, or pass another run.")
-    paths = sorted(run.glob("ckpt_step*.pt")) + [latest] * latest.is_file()
-    if not paths:
-        raise FileNotFoundError(f"{run} holds no checkpoint (ckpt.pt or ckpt_step*.pt); train "
-                                "it first, or pass --init SIZE.")
-    *snapshots, last = paths
+    if not (paths := sorted(run.glob("ckpt_step*.pt")) + [latest] * latest.is_file()):
+        raise FileNotFoundError(f"{run} holds no checkpoint; train it first, or pass --init.")
     last_step = -1
-    for path in snapshots if all_steps else []:
-        gpt, cfg, last_step = load_checkpoint(path, device)
-        yield gpt, cfg, last_step
-    gpt, cfg, step = load_checkpoint(last, device)
-    if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
-        yield gpt, cfg, step
+    for path in paths if all_steps else paths[-1:]:
+        gpt, cfg, step = load_checkpoint(path, device)
+        if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
+            yield gpt, cfg, step
+        last_step = step
 
 
 def models(args, all_steps: bool = False):
@@ -207,15 +189,13 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
     """(H, targets): the final hidden states (N×D, float32) of N = n_tokens validation tokens of
     the run's data or --data (random tokens without), the model under autocast to `dtype`."""
     seq_len, data_dir = args.seq_len or int(cfg["seq_len"]), args.data or cfg.get("data")
-    per_batch = args.batch_size * seq_len
-    n_batches = math.ceil(n_tokens / per_batch)
+    n_batches = math.ceil(n_tokens / (per_batch := args.batch_size * seq_len))
     if data_dir:
         store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
         lengths = data.ShardLoader(data_dir, args.batch_size, seq_len, split="val").lengths
         if n_tokens > (held := sum((n - 1) // per_batch for n in lengths) * per_batch):
-            raise ValueError(f"--tokens {n_tokens} asks for more than the {held} validation "
-                             f"tokens of {data_dir} in batches of {args.batch_size} × {seq_len}; "
-                             "lower --tokens.")
+            raise ValueError(f"--tokens {n_tokens} is more than the {held} validation tokens "
+                             f"{data_dir} holds in batches of {per_batch}; lower --tokens.")
         batches = data.val_batches(data_dir, n_batches * per_batch, args.batch_size, seq_len)
     else:
         windows = torch.randint(gpt.config.vocab_size, (n_batches, args.batch_size, seq_len + 1),
@@ -229,131 +209,100 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
     return torch.cat(H)[:n_tokens], torch.cat(Y)[:n_tokens]
 
 
-def verify_table(r: dict) -> list[dict]:
-    """Rows of statement, value, holds; an identity (*_dev, prop3_mean) holds at float64
-    round-off of the logits."""
-    value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
-                 eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
-    holds = {key: r[key] for key in ("B_ratio_le_1", "eq34_holds", "eq35_global_holds")}
-    holds.update(lemma2_ratio=r["lemma2_ratio"] <= 1 + 1e-12,
-                 eq35_token_share=r["eq35_token_share"] == 1)
-    tol = 1e-12 * max(1.0, r["max_abs_logit"])
-    return [dict(statement=statement, value=value[key], holds=holds.get(key, value[key] <= tol))
-            for key, statement in STATEMENTS.items()]
-
-
 def run_verify(args) -> dict:
-    """Theorem 4's proof audited step by step (theorem4.py; --exhaustive: its counterexample
-    search, --b_ratio_scan: its scan); with --run or --init also Lemma 1, Lemma 2, Prop. 3 and
-    the proof's steps on the model's own hidden states."""
+    """Theorem 4's proof audited step by step (theorem4.py); with --run or --init also Lemma 1,
+    Lemma 2, Prop. 3 and the proof's steps on the model's own hidden states."""
     result = dict(theorem4_audit=theorem4.theorem4_audit())
-    print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step, exact "
-                "fractions on the smallest counterexamples (theorem4.py); holds: the step's claim "
-                "holds on the example")
+    print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step in exact "
+                "fractions on the smallest counterexamples; holds: the step's claim holds there")
     if args.exhaustive:
         result["exhaustive"] = theorem4.exhaustive_search(args.entries, args.h_entries)
         print_table(result["exhaustive"], f"exhaustive search: V = 3, D = 2, W's entries in "
-                    f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break the "
-                    "claim; W, h: the smallest")
+                    f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break it")
     if args.b_ratio_scan:
-        result["b_ratio_scan"] = theorem4.binned(theorem4.b_ratio_scan(args.b_ratio_scan,
-                                                                        seed=args.seed))
-        print_table(result["b_ratio_scan"], f"B_ratio scan (theorem4.b_ratio_scan): "
-                    f"{args.b_ratio_scan} random matrices, seed {args.seed}; larger_share: share "
-                    "of random h with max|l*| > max|l| (Theorem 4 says 0 for B_ratio ≤ 1, 1 above)")
+        scan = theorem4.b_ratio_scan(args.b_ratio_scan, seed=args.seed)
+        result["b_ratio_scan"] = theorem4.binned(scan)
+        print_table(result["b_ratio_scan"], f"B_ratio scan: {args.b_ratio_scan} random matrices, "
+                    f"seed {args.seed}; larger_share: share of random h with max|l*| > max|l|")
     if not (args.run or args.init):
         return result
     (gpt, cfg, step), = models(args)
     H, targets = hidden_states(gpt, cfg, args, args.tokens)
     W = gpt.output_weight.detach().double()
-    W_star = W.clone()
-    heads.build("mu_center").after_step(W_star)  # the project's μ-centering, in float64
-    result.update(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
-                  **verify_identities(H.double(), W, W_star, targets, args.chunk))
-    print_table(verify_table(result), f"verify: {describe(args, cfg, step)}, {len(H)} tokens, "
-                "float64")
-    return result
+    heads.build("mu_center").after_step(W_star := W.clone())  # the project's μ-centering
+    r = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
+             **verify_identities(H.double(), W, W_star, targets, args.chunk))
+    value = dict(r, B_ratio_le_1=r["B_ratio"], eq34_holds=r["max_norm_star"] / r["max_norm"],
+                 eq35_global_holds=r["max_abs_logit_star"] / r["max_abs_logit"])
+    holds = dict(r, lemma2_ratio=r["lemma2_ratio"] <= 1 + 1e-12,
+                 eq35_token_share=r["eq35_token_share"] == 1)
+    tol = 1e-12 * max(1.0, r["max_abs_logit"])  # an identity holds at float64 round-off
+    rows = [dict(statement=statement, value=value[key],
+                 holds=holds[key] if isinstance(holds[key], bool) else value[key] <= tol)
+            for key, statement in STATEMENTS.items()]
+    print_table(rows, f"verify: {describe(args, cfg, step)}, {len(H)} tokens")
+    return result | r
 
 
 def bf16_spacing(x: float) -> float:
-    """The gap between neighbouring bf16 numbers at |x|: 8 significant bits, so 2^(⌊log₂|x|⌋−7)
-    (0.0625 at 10, 1 at 128, 8 at 1152: a logit stored there is known to ±half of it)."""
+    """The gap between neighbouring bf16 numbers at |x| (8 significant bits): 2^(⌊log₂|x|⌋−7)."""
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 0.0
 
 
 def mean_logit_shift(H: torch.Tensor, W: torch.Tensor, mean_logit: float) -> torch.Tensor:
-    """The common row shift c = a·h̄ along the mean hidden state h̄ of H (N, D) that moves the
-    mean logit over those tokens to L = mean_logit, float64 (D,): by Lemma 1 the mean logit
-    μ·h̄ becomes (μ + c)·h̄ = μ·h̄ + a‖h̄‖², so a = (L − μ·h̄)/‖h̄‖²."""
+    """The common row shift c = a·h̄ (float64, D) that moves the mean logit μ·h̄ over H's tokens
+    to L = mean_logit: (μ + c)·h̄ = μ·h̄ + a‖h̄‖² (Lemma 1), so a = (L − μ·h̄)/‖h̄‖²."""
     h_mean, mu = H.double().mean(0), W.double().mean(0)
     return (mean_logit - h_mean @ mu) / h_mean.square().sum() * h_mean
 
 
-def precision(head, H: torch.Tensor, W: torch.Tensor, targets: torch.Tensor, dtype, chunk: int):
-    """measure.precision_stat_sums over the tokens of H, chunk by chunk, as means."""
-    sums = sum(measure.precision_stat_sums(head, h, W, y, dtype).cpu()
-               for h, y in zip(H.split(chunk), targets.split(chunk)))
-    return dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
-
-
-def offset_precision(head, H, W, targets, dtype, offsets, chunk: int) -> list[dict]:
-    """The finite-precision channel alone: all rows shifted by one vector c (mean_logit_shift)
-    to a mean logit L: exactly, nothing changes (softmax cannot see c·h); in `dtype`, rounding."""
-    sigma = torch.cat([(h.double() @ W.double().T).std(dim=1, correction=0)
-                       for h in H.split(chunk)]).mean().item()
-    return [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma,
-                 **precision(head, H, W + mean_logit_shift(H, W, L).to(W.dtype), targets, dtype,
-                             chunk)) for L in offsets]
-
-
 def run_logits(args) -> dict:
-    """The paper's logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), and what the
-    head's matmul in --dtype loses against float64, as train.py logs them."""
+    """Logit statistics (Sec. 3), ‖μ‖, h̄·μ̂, B_ratio, Fig. 1 (right), what --dtype's head loses."""
     (gpt, cfg, step), = models(args)
-    dtype = getattr(torch, args.dtype)
-    H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype)
-    weight = gpt.output_weight.detach()
-    W = weight.double()
-    stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu()
-                for h in H.split(args.chunk))
+    H, targets = hidden_states(gpt, cfg, args, args.tokens, dtype := getattr(torch, args.dtype))
+    W = (weight := gpt.output_weight.detach()).double()
+    chunks = list(zip(H.split(args.chunk), targets.split(args.chunk)))
+
+    def precision(E):  # measure.precision_stat_sums over the tokens, as means
+        sums = sum(measure.precision_stat_sums(gpt.head, h, E, y, dtype).cpu() for h, y in chunks)
+        return dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
+    stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu() for h, _ in chunks)
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   dtype=args.dtype, h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
                   **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
-                  **precision(gpt.head, H, weight, targets, dtype, args.chunk),
-                  **theorem4_bounds(W))
+                  **precision(weight), **theorem4_bounds(W))
     print_table([dict(quantity=key, value=result[key], meaning=MEANING[key]) for key in MEANING
                  if key in result], f"logits: {describe(args, cfg, step)}; per-token figures "
                 f"averaged over {len(H)} tokens; --dtype {args.dtype}")
-    if args.offsets:
-        result["offsets"] = offset_precision(gpt.head, H, weight, targets, dtype, args.offsets,
-                                             args.chunk)
-        print_table(result["offsets"], "every output row shifted by one common vector so that "
-                    f"the mean logit is L (exact arithmetic: no change); the head's matmul in "
-                    f"{args.dtype}", legend=True)
+    if args.offsets:  # all rows + c (mean_logit_shift): exactly no change, as softmax drops c·h
+        sigma = torch.cat([(h.double() @ W.T).std(1, correction=0) for h, _ in chunks]).mean()
+        result["offsets"] = [dict(offset=L, spacing_over_sigma=bf16_spacing(L) / sigma.item(),
+                                  **precision(weight + mean_logit_shift(H, W, L).to(weight.dtype)))
+                             for L in args.offsets]
+        print_table(result["offsets"], "every output row shifted by one vector to a mean logit L "
+                    f"(exactly: no change); the head's matmul in {args.dtype}", legend=True)
     if args.plot:
         plot_dot_histogram((W @ W.mean(0)).cpu().numpy(), result, args.bins, args.plot)
     return result
 
 
 def run_bottleneck(args) -> dict:
-    """The share of the loss gradient that the LM head passes on, per checkpoint (N = --tokens,
-    default 4·D; memory N·V·8 bytes)."""
+    """The share of the loss gradient that the LM head passes on, per checkpoint (N·V·8 bytes)."""
     rows = []
     for gpt, cfg, step in models(args, all_steps=True):
         D, V = gpt.config.n_embd, gpt.config.vocab_size
-        n_tokens = args.tokens or DEFAULTS["bottleneck_tokens_per_dim"] * D
+        n_tokens = args.tokens or 4 * D  # N > 2D: no figure trivially 1
         H, targets = hidden_states(gpt, cfg, args, n_tokens)
         W, H = gpt.output_weight.detach().double(), H.double()
-        capped = gpt.head.logits(H, W)
-        G = loss_gradients(capped, targets)  # ∂CE/∂(raw logits W h); regularisers left out
+        G = loss_gradients(capped := gpt.head.logits(H, W), targets)  # regularisers left out
         if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
             G *= 1 - (capped / gpt.head.cap) ** 2
         rows.append(dict(step=step, **bottleneck(G, W, H)))
     trivial = trivially_one(n_tokens, V, D)
     note = f"; trivially 1 as N ≤ {'2D' if len(trivial) < 3 else 'D'}: {', '.join(trivial)}"
-    print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens} tokens, D = {D}, "
-                f"V = {V}{note if trivial else ''}",
+    print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens}, D = {D}, "
+                f"V = {V}{note * bool(trivial)}",
                 ["step", *(key for key in MEANING if key in rows[0])], legend=True)
     if args.plot:
         plot_curves(rows, ("retained_norm", "retained_energy", "rank2D_energy",
@@ -368,10 +317,8 @@ def describe(args, cfg: dict, step: int) -> str:
 
 def print_table(rows: list[dict], title: str, columns=None, legend: bool = False) -> None:
     """An aligned table of `columns` (default: the first row's keys); legend: their MEANING."""
-    def cell(value):
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        return f"{value:.4g}" if isinstance(value, float) else "—" if value is None else str(value)
+    cell = lambda v: ("yes" if v else "no") if isinstance(v, bool) else (
+        f"{v:.4g}" if isinstance(v, float) else "—" if v is None else str(v))
     columns = columns or list(rows[0])
     cells = [[cell(row[c]) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
@@ -383,7 +330,6 @@ def print_table(rows: list[dict], title: str, columns=None, legend: bool = False
 
 
 def write_file(path: str, content: bytes) -> None:
-    """Write content to path at once (store.write_atomic); a failure is one sentence."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
@@ -425,12 +371,10 @@ def plot_dot_histogram(dots, bounds: dict, bins: int, path: str) -> None:
 def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     """One line per key against the training step; of one checkpoint, one bar per key."""
     fig, ax = new_axes()
-    keys = list(keys)
     if len(rows) == 1:
         ax.barh(keys, [rows[0][key] for key in keys], color="tab:blue")
         ax.invert_yaxis()  # the first key on top, as in the printed table
-        ax.set(xlabel=ylabel, title=f"one checkpoint, step {rows[0]['step']} (keep_every "
-                                    "snapshots give curves)")
+        ax.set(xlabel=ylabel, title=f"one checkpoint, step {rows[0]['step']} (keep_every: curves)")
     else:
         for key in keys:
             ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", label=key)
@@ -439,51 +383,45 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     save_figure(fig, path)
 
 
-def offset(text: str) -> float:
-    """A mean logit L of --offsets: a finite number with |L| ≤ OFFSET_LIMIT."""
+def offset(text: str, limit: float = 1e8) -> float:  # by 10⁹ the measured rounding overflows
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a mean logit L") from None
-    if not abs(value) <= OFFSET_LIMIT:  # also NaN
+    if not abs(value) <= limit:  # also NaN
         raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with "
-                                         f"|L| ≤ {OFFSET_LIMIT:g}")
+                                         f"|L| ≤ {limit:g}")
     return value
 
 
-def seed(text: str) -> int:
-    """A seed of torch.manual_seed: an integer from 0 to 2⁶⁴ − 1."""
+def seed(text: str) -> int:  # torch.manual_seed's range
     if (value := store.non_negative_int(text)) >= 2 ** 64:
         raise argparse.ArgumentTypeError(f"{text} is too large; give an integer from 0 to 2^64 − 1")
     return value
 
 
 def device(text: str) -> str:
-    """A torch device this code runs on: cpu, cuda or cuda:N."""
     if not re.fullmatch(r"(cpu|cuda)(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, cuda "
-                                         "or cuda:N")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, "
+                                         "cuda or cuda:N")
     return text
 
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers shared with the experiments: output, and measurement (output's and more)."""
     output = argparse.ArgumentParser(add_help=False)
-    add = output.add_argument
-    add("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
-    add("--json", help="write the numbers to this JSON file")
-    add("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    add("--seed", type=seed, default=0)
+    output.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
+    output.add_argument("--json", help="write the numbers to this JSON file")
+    output.add_argument("--plot", help="write a figure to this file (.png, .pdf, .svg)")
+    output.add_argument("--seed", type=seed, default=0)
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")
-    add("--tokens", type=positive_int, help=f"hidden states (validation tokens) per measurement, "
-                                            f"N (default {DEFAULTS['tokens']}; bottleneck: 4·D)")
+    add("--tokens", type=positive_int, help=f"validation tokens N per measurement (default "
+                                            f"{DEFAULTS['tokens']}; bottleneck: 4·D)")
     add("--batch_size", type=positive_int, default=4)
-    add("--seq_len", type=positive_int, help="tokens per sequence (default: the run's, "
-                                             f"{DEFAULTS['init_seq_len']} for --init)")
-    add("--chunk", type=positive_int, default=DEFAULTS["chunk"],
-        help="token rows per float64 block of logits (chunk·V·8 bytes)")
+    add("--seq_len", type=positive_int, help=f"the run's; --init: {DEFAULTS['init_seq_len']}")
+    add("--chunk", type=positive_int, default=DEFAULTS["chunk"], help="rows at once: chunk·V·8 B")
     return output, measurement
 
 
@@ -492,51 +430,43 @@ def model_source(required: bool) -> argparse.ArgumentParser:
     which = source.add_mutually_exclusive_group(required=required)
     which.add_argument("--run", help="a train.py run folder (config.json, ckpt.pt, ckpt_step*.pt)")
     which.add_argument("--init", choices=list(model.SIZES), help="a fresh model of this size")
-    add = source.add_argument
-    add("--head", choices=heads.HEADS, default="baseline", help="with --init")
-    add("--tie", action="store_true", help="with --init: tied embeddings")
-    add("--vocab_size", type=positive_int, default=50304, help="with --init")
+    source.add_argument("--head", choices=heads.HEADS, default="baseline", help="with --init")
+    source.add_argument("--tie", action="store_true", help="with --init: tied embeddings")
+    source.add_argument("--vocab_size", type=positive_int, default=50304, help="with --init")
     return source
 
 
-COMMANDS = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
-
-
 def main(argv=None) -> dict:
+    commands = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0], parents=[
-        shared_options()[1], model_source(name != "verify")]) for name, run in COMMANDS.items()}
+        shared_options()[1], model_source(name != "verify")]) for name, run in commands.items()}
     add = command["verify"].add_argument
     add("--exhaustive", action="store_true", help="search small integer W for counterexamples")
-    add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES,
-        help="with --exhaustive: W's entries in {-K, ..., K}")
-    add("--h_entries", type=positive_int, default=theorem4.SEARCH_H_ENTRIES,
-        help="with --exhaustive: h's entries in {-K, ..., K}")
+    add("--entries", type=positive_int, default=theorem4.SEARCH_ENTRIES, help="W's entries in ±K")
+    add("--h_entries", type=positive_int, default=theorem4.SEARCH_H_ENTRIES, help="h's in ±K")
     add("--b_ratio_scan", type=positive_int, nargs="?", metavar="MATRICES",
         const=theorem4.SCAN_MATRICES, help="how often a random h breaks Theorem 4, per B_ratio "
                                            f"bin (default {theorem4.SCAN_MATRICES} matrices)")
     add = command["logits"].add_argument
     add("--bins", type=positive_int, default=100, help="histogram bins of eᵢ·μ")
-    add("--dtype", choices=("float32", "bfloat16"), default="float32",
-        help="the model's matmul dtype, as train.py --dtype")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32", help="as train.py's")
     add("--offsets", type=offset, nargs="+", metavar="L", help="also what --dtype loses with all "
         "rows shifted by one vector to a mean logit L (e.g. 0 100 1000)")
     args = p.parse_args(argv)
     if args.command == "verify" and args.plot:
         p.error("verify draws no figure; drop --plot (logits and bottleneck draw one)")
-    if args.command != "bottleneck" and args.tokens is None:
-        args.tokens = DEFAULTS["tokens"]
-    return execute(args, COMMANDS, "analyze.py")
+    args.tokens = args.tokens or (None if args.command == "bottleneck" else DEFAULTS["tokens"])
+    return execute(args, commands, "analyze.py")
 
 
 def execute(args, commands: dict, program: str) -> dict:
     """Run args.command and write --json; a bad input ends in one sentence, not a traceback."""
     try:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device} needs CUDA, which is not available here; "
-                             "use --device cpu.")
+            raise ValueError(f"--device {args.device} needs CUDA, absent here; use --device cpu.")
         result = commands[args.command](args)
         if args.json:
             write_file(args.json, (json.dumps(result, indent=2) + "\n").encode())

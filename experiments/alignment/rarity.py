@@ -20,11 +20,9 @@ COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1)
 
 
 def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
-    """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,); their mean over the rows is exactly 1.
-
-    Moving h by s·μ̂ moves logit i by s·‖μ‖·aᵢ; softmax drops what is common to all i, so the
-    loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ). Were every aᵢ = 1, h·μ̂ would be free to drift, and
-    l̄ = ‖μ‖·(h̄·μ̂) with it; where aᵢ follows token i's frequency, the loss sets h·μ̂."""
+    """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,), of mean 1. Moving h by s·μ̂ moves logit i by
+    s·‖μ‖·aᵢ, of which the loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ): were every aᵢ = 1, h·μ̂ would be
+    free to drift; where aᵢ follows token i's frequency, the loss sets it."""
     mu = W.double().mean(0)
     return W.double() @ mu / mu.square().sum()
 
@@ -55,9 +53,8 @@ def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
 
 def run_rarity(args) -> dict:
     """Each row's reach aᵢ by its token's training count, B_ratio, and over N validation tokens
-    in float32 ‖h̄‖, RMS ‖h‖, h̄·μ̂ and cos(h̄, μ). h̄·μ̂ ≤ ‖h̄‖ ≤ RMS ‖h‖, and ‖h‖ = ‖g ⊙ z‖
-    (g: the final LayerNorm's gain, z of unit RMS) is ≈ ‖g‖ when the residual's variance spreads
-    evenly over its coordinates, less when it sits where g is small."""
+    ‖h̄‖, RMS ‖h‖, h̄·μ̂ (≤ ‖h̄‖ ≤ RMS ‖h‖) and cos(h̄, μ); ‖h‖ = ‖g ⊙ z‖ (g: ln_f's gain, z of unit
+    RMS) is ≈ ‖g‖ when the residual's variance spreads evenly, less where g is small."""
     (gpt, cfg, step), = analyze.models(args)
     data_dir = args.data or cfg.get("data")
     if not data_dir:
@@ -96,8 +93,8 @@ def run_rarity(args) -> dict:
 
 
 def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
-    """The k coordinates of X (N×D) of largest mean square: their share of it, the gain g on them.
-    A few that carry nearly all of it take LayerNorm's unit variance: h is as small as g there."""
+    """The k coordinates of X (N×D) of largest mean square: their share of it, the gain g on them
+    (a few that carry it all take LayerNorm's unit variance: h is as small as g there)."""
     energy = X.square().mean(0)
     share, index = (energy / energy.sum()).topk(min(k, len(energy)))
     return [dict(coordinate=i, share=s, gain=gain[i].item())
@@ -105,8 +102,7 @@ def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dic
 
 
 def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> None:
-    """Each row's reach along μ against its token's training count; the rows of tokens never
-    seen, which a log axis cannot place, jittered in a strip of their own at the left."""
+    """Each row's reach along μ against its token's training count; never-seen rows jittered."""
     fig, (strip, ax) = analyze.new_axes(1, 2, sharey=True, figsize=(7.6, 4.4),
                                         width_ratios=(1, 5))
     never = counts == 0

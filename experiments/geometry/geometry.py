@@ -59,9 +59,8 @@ def knn_overlap(A: torch.Tensor, B: torch.Tensor, k: int = 10) -> float:
 
 def signature(tokens: np.ndarray, vocab_ids: np.ndarray, offset: int) -> np.ndarray:
     """Probability signature S[a, b] = P(x_{t+offset} = b | x_t = a) (K×K) of the K tokens
-    `vocab_ids`: offset +1 the label signature P(next | token), −k the context signature
-    P(token k places back | token), counted over the stream at every t whose partner exists, so
-    a row sums to the share of partners inside the K tokens (1 when K covers the vocabulary)."""
+    `vocab_ids` (+1: the label signature, −k: the context k back), counted at every t whose
+    partner exists: a row sums to the share of partners inside the K tokens."""
     k = abs(offset)
     current, partner = (tokens[:-k], tokens[k:]) if offset > 0 else (tokens[k:], tokens[:-k])
     index = np.full(int(max(tokens.max(), vocab_ids.max())) + 1, -1, dtype=np.int64)
@@ -75,9 +74,8 @@ def signature(tokens: np.ndarray, vocab_ids: np.ndarray, offset: int) -> np.ndar
 
 
 def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
-    """Pearson r of the off-diagonal entries of the rows' cosine matrices cos(xᵢ, xⱼ) and
-    cos(yᵢ, yⱼ): 1 when the K×K similarity structures agree up to an affine map, ≈ 0 when
-    unrelated. Callers pass centred embeddings (so that μ does not make every pair similar)."""
+    """Pearson r of the off-diagonal entries of cos(xᵢ, xⱼ) and cos(yᵢ, yⱼ): 1 when the K×K
+    similarity structures agree up to an affine map; centred inputs, lest μ make all similar."""
     i, j = torch.triu_indices(len(X), len(X), offset=1)
     cosines = [(Z @ Z.T)[i, j] for Z in (torch.nn.functional.normalize(M, dim=1, eps=1e-300)
                                          for M in (X, Y))]
@@ -104,9 +102,8 @@ def frequent_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
 
 
 def tied_gradient_split(gpt: model.GPT, x: torch.Tensor, y: torch.Tensor):
-    """(∇ from the LM head, ∇ from the input embedding) of the loss on one batch, each V×D: the
-    input side is ∂L/∂x at every position added to its token's row; the output side is the rest
-    of the shared matrix's gradient (tied) or the output matrix's own gradient (untied)."""
+    """(∇ from the LM head, ∇ from the input embedding) of one batch's loss, each V×D: ∂L/∂x at
+    each position added to its token's row; the output side is the rest (tied) or its own."""
     embedded = []  # the lookup's output, kept with its gradient (append, retain_grad: None)
     hook = gpt.wte.register_forward_hook(lambda _, __, x: embedded.append(x) or x.retain_grad())
     gpt.zero_grad(set_to_none=True)
@@ -133,10 +130,8 @@ def output_share(from_output: torch.Tensor, from_input: torch.Tensor) -> dict:
 
 
 def run_tying(args) -> dict:
-    """Tied vs untied embeddings: alignment, k-NN overlap, and the output side's gradient share.
-
-    Over the K most frequent training tokens. With equal seeds the tied matrix starts as the
-    untied output matrix's draw: with step-0 snapshots the moves since init are compared too."""
+    """Tied vs untied embeddings of the K most frequent training tokens: alignment, k-NN overlap,
+    the output side's gradient share; with step-0 snapshots also the moves since init."""
     (tied, tied_cfg, tied_step), = run_models(args.tied, args.device, all_steps=False)
     (untied, _, untied_step), = run_models(args.untied, args.device, all_steps=False)
     if not tied.config.tie or untied.config.tie:
@@ -179,10 +174,8 @@ def run_tying(args) -> dict:
 
 
 def run_signatures(args) -> dict:
-    """Alignment of the embeddings' similarity structure with each probability signature.
-
-    Per checkpoint and signature S, the similarity_alignment of the centred input (or output)
-    embeddings of the K most frequent training tokens with the rows of S."""
+    """Per checkpoint, the similarity_alignment of the centred input and output embeddings of the
+    K most frequent training tokens with each probability signature."""
     snapshots = run_models(args.run, args.device, all_steps=True)
     first = next(snapshots)
     tokens = training_tokens(args.data or first[1]["data"], args.sig_tokens)
@@ -230,8 +223,7 @@ def run_trivial(args) -> dict:
     """The gradient-bottleneck paper's trivial pattern: `repeat` sequences (one token repeated
     seq_len times) learned at a fixed width over growing vocabularies V.
 
-    A token occurs in about steps·batch/V training sequences, so --seqs_per_token S trains each
-    V for max(--steps, ⌈S·V/batch⌉) steps. Data and runs already there are kept: it resumes."""
+    Each V trains max(--steps, ⌈S·V/batch⌉) steps (S: --seqs_per_token); it resumes."""
     out, batch, T = Path(args.out), args.batch_size, args.seq_len
     eval_steps = min(16, int(args.trivial_tokens * prepare.VAL_FRACTION - 1) // (batch * T))
     if eval_steps < 1:
@@ -306,26 +298,24 @@ def main(argv=None) -> dict:
     tying.add_argument("--tied", required=True, help="run folder trained with --tie")
     tying.add_argument("--untied", required=True, help="run folder trained without --tie")
     tying.add_argument("--knn", type=count, default=10, help="neighbours in the k-NN overlap")
-    signatures = sub.add_parser("signatures", parents=[measurement, token_set],
-                                help=run_signatures.__doc__)
-    signatures.add_argument("--run", required=True, help="a train.py run folder")
-    signatures.add_argument("--offsets", type=int, nargs="+", default=[1, -1, -2, -3],
-                            help="+1 = label signature, -k = context k tokens back")
-    trivial = sub.add_parser("trivial", parents=[output],
-                             help=run_trivial.__doc__.split("\n\n")[0])
-    a = trivial.add_argument
+    a = sub.add_parser("signatures", parents=[measurement, token_set],
+                       help=run_signatures.__doc__).add_argument
+    a("--run", required=True, help="a train.py run folder")
+    a("--offsets", type=int, nargs="+", default=[1, -1, -2, -3],
+      help="+1 = label signature, -k = context k tokens back")
+    a = sub.add_parser("trivial", parents=[output],
+                       help=run_trivial.__doc__.split("\n\n")[0]).add_argument
     a("--out", required=True, help="folder for the data and runs")
     a("--vocabs", type=count, nargs="+", default=[16, 256, 4096],
       help="vocabularies V (at tiny's D = 64: below, 4× and 64× above D)")
     a("--size", choices=list(model.SIZES), default="tiny")
     a("--head", choices=heads.HEADS, default="baseline")
     a("--tie", action="store_true", help="tied embeddings")
-    a("--steps", type=count, default=200)
-    a("--seq_len", type=count, default=32)
-    a("--batch_size", type=count, default=16)
+    for name, default in (("steps", 200), ("seq_len", 32), ("batch_size", 16),
+                          ("trivial_tokens", 200_000)):
+        a(f"--{name}", type=count, default=default)
     a("--seqs_per_token", type=store.non_negative_float, default=0.0,
       help="train each V for at least S·V/batch steps (equal exposure)")
-    a("--trivial_tokens", type=count, default=200_000)
     a("--train_args", nargs=argparse.REMAINDER, default=[],
       help="everything after this goes to train.py as is (e.g. --lr 3e-3)")
     args = p.parse_args(argv)

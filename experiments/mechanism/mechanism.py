@@ -2,11 +2,9 @@
 untied bf16 baseline, trained here, moved by one common vector c, then training continued under
 five numerics.
 
-In exact arithmetic a common shift of the rows changes no prediction and no AdamW step (∂L/∂h
-gains c·Σᵢ(pᵢ − yᵢ) = 0), so a gap to the unshifted twin is finite precision alone, but for
-μ-loss, whose λ‖μ + c‖² sees the shift (tests/test_mechanism.py checks both in float64). Shifts:
-none; along L (c ∥ h̄, the mean logit becomes L); ortho (‖c‖ as along 1000, along the least
-eigenvector of the mean hhᵀ over validation hidden states h: l̄ stays, only the rows grow).
+Exactly, a common shift of the rows changes no prediction and no AdamW step (∂L/∂h gains
+c·Σᵢ(pᵢ − yᵢ) = 0), so a gap to the unshifted twin is finite precision alone, but for μ-loss,
+whose λ‖μ + c‖² sees it.
 """
 import argparse
 import csv
@@ -32,6 +30,7 @@ import heads
 import store
 import train
 from model import from_config, load_checkpoint
+from runs import write_json
 
 
 # train.py's --dtype (the body's autocast), --head and --head_dtype; the figures' colour and label
@@ -51,13 +50,15 @@ BASE = dict(size="tiny", head="baseline", lr=0.3, dtype="bfloat16", batch_size=4
             eval_every=0, eval_tokens=65536, stat_tokens=4096, log_every=100, save_every=250)
 
 
+@torch.no_grad()
 def hidden_states(model, tokens: torch.Tensor, amp) -> torch.Tensor:  # (B·T, D), float64
-    with torch.no_grad(), amp:
+    with amp:
         return model.hidden(tokens).flatten(0, 1).double()
 
 
 def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=ORTHO_LEVEL):
-    """{name: c (D,) float64}: none, along{L} for each L, ortho (the module's docstring)."""
+    """{name: c (D,) float64}: none; along{L} (c ∥ h̄, l̄ → L); ortho (‖c‖ as along ortho_level,
+    along the least eigenvector of the mean hhᵀ of the states H: l̄ stays, only the rows grow)."""
     shifts = {"none": torch.zeros(H.shape[1], dtype=torch.float64)}
     for level in levels:
         shifts[f"along{level:g}"] = analyze.mean_logit_shift(H, W, level)
@@ -68,9 +69,9 @@ def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=O
     return shifts
 
 
+@torch.no_grad()
 def shift_rows(model, c: torch.Tensor):  # every output row eᵢ ← eᵢ + c, in place
-    with torch.no_grad():
-        model.output_weight.add_(c.to(model.output_weight.dtype))
+    model.output_weight.add_(c.to(model.output_weight.dtype))
 
 
 def amp_for(dtype: str):  # float64: a model already in float64, no autocast
@@ -162,7 +163,7 @@ def run_cell(job) -> str:
     result = continue_run(model, ckpt["optimizer"], batches, val_windows(args), args.lr,
                           CONDITIONS[condition].dtype, args.measure_every)
     result |= dict(condition=condition, shift=shift, seed=seed, wall_s=time.perf_counter() - start)
-    train.write_json(cell_path(*job), result)
+    write_json(cell_path(*job), result)
     return cell_path(*job).name
 
 
@@ -177,7 +178,7 @@ def prepare_shifts(args):
     shifts = {name: dict(c=c.tolist(), c_norm=c.norm().item(),
                          logit_mean=(H.mean(0) @ (W.mean(0) + c)).item())
               for name, c in shift_vectors(H, W).items()}
-    train.write_json(path, shifts)
+    write_json(path, shifts)
     return shifts
 
 
@@ -254,9 +255,8 @@ def write_results(args):
                                    for c in cells for point in c["curve"]])
     write_csv(out / "gaps.csv", gap_rows(rows, json.loads((work / "shifts.json").read_text())))
     base = json.loads((work / "base" / "summary.json").read_text())
-    (out / "base.json").write_text(json.dumps(
-        {k: base[k] for k in ("steps", "val_loss", "logit_mean", "logit_std", "mu_norm",
-                              "h_mu_proj", "h_mu_cos") if k in base}, indent=2) + "\n")
+    write_json(out / "base.json", {k: base[k] for k in ("steps", "val_loss", "logit_mean",
+               "logit_std", "mu_norm", "h_mu_proj", "h_mu_cos") if k in base})
 
 
 def gap_table(gaps: list[dict], args) -> str:
@@ -288,9 +288,8 @@ def shift_label(shift: str) -> str:
 
 def report(out: Path, args):
     """table.md, gap_vs_L.png and logit_mean_steps.png from the CSVs and base.json in out."""
-    missing = ", ".join(n for n in ("gaps.csv", "curves.csv", "base.json")
-                        if not (out / n).exists())
-    if missing:
+    if missing := ", ".join(n for n in ("gaps.csv", "curves.csv", "base.json")
+                            if not (out / n).exists()):
         raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
     gaps, curves = pages.read_csv(out / "gaps.csv"), pages.read_csv(out / "curves.csv")
     (out / "table.md").write_text(gap_table(gaps, args))
