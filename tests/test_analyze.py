@@ -265,6 +265,8 @@ def test_cli_verify_without_a_model_audits_searches_and_scans(capsys):
     assert "step" not in out and len(out["theorem4_audit"]) == 12
     assert [r["size"] for r in out["exhaustive"]] == [2, 3, 3, 3, 5, 5]
     assert sum(b["matrices"] for b in out["b_ratio_scan"]) == 4
+    seeded = cli("verify", "--b_ratio_scan", 4, "--seed", 1)["b_ratio_scan"]
+    assert seeded == theorem4.binned(theorem4.b_ratio_scan(4, seed=1)) != out["b_ratio_scan"]
     printed = capsys.readouterr().out
     assert "exhaustive search: V = 3, D = 2" in printed and "larger_share" in printed
 
