@@ -139,10 +139,9 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:  # Σ over processes, 
 
 # The data: made ready once per node, checked before any step
 def prepare_data(args, ctx: Dist):
-    """Local rank 0 makes --data a checked folder of shards (make_ready) while its node's other
-    ranks wait at a gloo barrier (NCCL's 10 minutes are too short for a download)."""
+    """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
-        if ctx.world_size > 1 else None
+        if ctx.world_size > 1 else None  # gloo: NCCL's 10 minutes are too short for a download
     problem = make_ready(args) if ctx.local_rank == 0 else ""
     failed = torch.tensor([float(bool(problem))])
     if waiting is not None:  # the barrier: local rank 0 is done
@@ -158,7 +157,8 @@ def make_ready(args) -> str:
     try:
         if args.text:
             args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))
-        elif args.data == prepare.DEFAULT_DATA and not has_shards(args.data):
+        elif args.data == prepare.DEFAULT_DATA and not all(  # both splits' shards are there
+                any(Path(args.data).glob(f"*{split}*.bin")) for split in ("train", "val")):
             shards = prepare.shards_needed(args.steps * args.batch_size * args.seq_len)
             print(f"no shards in {args.data}: downloading {prepare.DEFAULT_DATASET} (1 val + "
                   f"{shards} train shards of {data.SHARD_TOKENS:,} tokens) …", flush=True)
@@ -174,12 +174,6 @@ def make_ready(args) -> str:
         return ""
     except (RuntimeError, OSError, ValueError) as err:
         return str(err)
-
-
-def has_shards(folder) -> bool:
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return bool(data.shard_paths(folder, "train") and data.shard_paths(folder, "val"))
-    return False
 
 
 def open_data(args, ctx: Dist, say):
@@ -482,14 +476,11 @@ def eta_seconds(step: int, args, per_step: float, log_s: float, eval_s: float,
             + count(args.eval_every) * eval_s + final_stats)
 
 
-def format_duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def log_line(record: dict, steps: int, eta: float | None) -> str:
     """step, loss, lr and what was measured of tok/s, MFU, ETA (not over step 1) and val loss."""
-    shown = {**record, "eta": None if eta is None else format_duration(eta)}
+    s = int(eta or 0)  # the ETA as 1h05m or 4m09s
+    duration = f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    shown = {**record, "eta": None if eta is None else duration}
     parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
              f"lr {record['lr']:.2e}"]
     parts += [form.format(shown[key]) for key, form in (("tok_per_s", "{:,.0f} tok/s"),
@@ -500,8 +491,7 @@ def log_line(record: dict, steps: int, eta: float | None) -> str:
 
 # Setup: everything before the first step
 @dataclass
-class Run:
-    """What setup() hands the training loop."""
+class Run:  # what setup() hands the training loop
     model: GPT                 # what is saved, measured and centred
     compiled: torch.nn.Module  # model, compiled (setup says when): runs the evaluations
     wrapped: torch.nn.Module   # compiled, in DDP on several processes: runs the steps
@@ -517,8 +507,7 @@ class Run:
 
 @contextlib.contextmanager
 def setup(args, ctx: Dist, say, build_model, make_optimizer):
-    """Everything before step 1, in the run folder rank 0 locks until the block ends, with
-    build_model(args) and make_optimizer(model, args); yields the Run (None: it is finished)."""
+    """Everything before step 1, in the folder rank 0 locks for the block: the Run (None: done)."""
     out = Path(args.out_dir)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download
