@@ -5,8 +5,7 @@
     Attention: causal, per-head qk-LayerNorm, RoPE on half of each head's dimensions.
 
 No linear layer or LayerNorm has a bias. The output embedding W (V×D) is its own matrix, or the
-input embedding itself with `tie=True`. Logits and loss are the LM head's (heads.py), given h and
-W, so every head variant sees the same decoder.
+input embedding with `tie=True`; logits and loss are the head's (heads.py), given h and W.
 
 Init: the paper's Table 4, or its code where they differ. Linear weights Xavier normal, std =
 √(2 / (fan_in + fan_out)), untruncated; input embedding N(0, 1/√D); the attention output
@@ -116,7 +115,6 @@ class CausalSelfAttention(nn.Module):
 
 class SwiGLU(nn.Module):
     """down(SiLU(gate·x) ⊙ (up·x)), hidden size ffn_hidden (Shazeer 2020)."""
-
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=False)
@@ -161,22 +159,32 @@ class GPT(nn.Module):
         return self.wte.weight if self.config.tie else self.out_embedding
 
     def reset_parameters(self):  # the module docstring's init; with tying, the order matters
-        L, D = self.config.n_layer, self.config.n_embd
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_normal_(module.weight)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
-        nn.init.normal_(self.wte.weight, mean=0.0, std=1 / math.sqrt(D))
+        nn.init.normal_(self.wte.weight, std=1 / math.sqrt(self.config.n_embd))
         nn.init.xavier_normal_(self.output_weight)  # after wte's: with tying it wins
         for block in self.blocks:  # paper's code: GPT-2's scaled init for the attention c_proj
-            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * L))
+            nn.init.normal_(block.attn.proj.weight, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """The final hidden state h (B, T, D), after the final LayerNorm."""
-        _check_tokens(idx, self.config)
-        T = idx.size(1)
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        """The final hidden state h (B, T, D), after the final LayerNorm. Bad idx is one sentence;
+        its id range is checked on CPU only (a GPU would sync: train.py checks its shards)."""
+        V, block_size = self.config.vocab_size, self.config.block_size
+        if idx.dim() != 2 or idx.numel() == 0:
+            raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
+                             f"got shape {tuple(idx.shape)}.")
+        if idx.size(1) > block_size:
+            raise ValueError(f"sequence length {idx.size(1)} exceeds block_size {block_size}; "
+                             f"pass fewer tokens or build a larger block_size.")
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
+            lo, hi = torch.stack(idx.aminmax()).tolist()
+            if lo < 0 or hi >= V:
+                raise ValueError(f"token ids must lie in [0, {V}) but range from {lo} to {hi}; "
+                                 f"check the tokenizer against vocab_size.")
+        cos, sin = self.rope_cos[:idx.size(1)], self.rope_sin[:idx.size(1)]
         x = self.wte(idx)
         for block in self.blocks:
             x = block(x, cos, sin)
@@ -184,17 +192,13 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """logits (B, T, V) float32 without targets; (loss, stats) from the head with them."""
-        h = self.hidden(idx)
-        if targets is None:
-            return self.head.logits(h, self.output_weight)
-        return self.head(h, self.output_weight, targets)
+        h, W = self.hidden(idx), self.output_weight
+        return self.head.logits(h, W) if targets is None else self.head(h, W, targets)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters, each once; non_embedding: less the untied input embedding (as labelled)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
-        if non_embedding and not self.config.tie:
-            n -= self.wte.weight.numel()
-        return n
+        return n - (self.wte.weight.numel() if non_embedding and not self.config.tie else 0)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Forward + backward FLOPs per token, for MFU: 6·N + 12·L·D·T. N: the weights of matrix
@@ -214,8 +218,7 @@ def from_config(config: dict) -> GPT:
     if not isinstance(config, dict) or "size" not in config:
         raise ValueError(f"a model's settings must be a dict of train.py's options with at "
                          f"least 'size', got {type(config).__name__}.")
-    seq_len = config.get("seq_len") or 0
-    if not isinstance(seq_len, int):
+    if not isinstance(seq_len := config.get("seq_len") or 0, int):
         raise ValueError(f"seq_len must be an integer, got {seq_len!r}.")
     gpt_config = config_for(config["size"], vocab_size=config.get("vocab_size", 50304),
                             tie=bool(config.get("tie", False)), block_size=max(2048, seq_len))
@@ -244,18 +247,3 @@ def load_checkpoint(path, map_location="cpu") -> dict:
                          f"{type(ckpt.get('config')).__name__}), so its model cannot be rebuilt.")
     return ckpt
 
-
-def _check_tokens(idx: torch.Tensor, config: GPTConfig) -> None:
-    """Bad input in one sentence, not deep inside a layer; the id range on CPU only (on a GPU it
-    costs a host sync and breaks the graph: train.py checks its shards once, store.check_vocab)."""
-    if idx.dim() != 2 or idx.numel() == 0:
-        raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "
-                         f"got shape {tuple(idx.shape)}.")
-    if idx.size(1) > config.block_size:
-        raise ValueError(f"sequence length {idx.size(1)} exceeds block_size "
-                         f"{config.block_size}; pass fewer tokens or build a larger block_size.")
-    if idx.device.type == "cpu" and not torch.compiler.is_compiling():
-        lo, hi = torch.stack(idx.aminmax()).tolist()
-        if lo < 0 or hi >= config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {config.vocab_size}) but range from {lo} "
-                             f"to {hi}; check the tokenizer against vocab_size.")

@@ -120,9 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.device.startswith("cuda") else \
         (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's")
     if needed > total:  # one sentence, not the allocator's traceback
-        k, unit = next((k, unit) for k, unit in ((5, "PiB"), (4, "TiB"), (3, "GiB"), (0, "B"))
-                       if needed >= 1024 ** k)
-        parser.error(f"--vocab_size {args.vocab_size:,} needs {needed / 1024 ** k:,.1f} {unit} "
-                     f"for the embeddings alone, more than {where} {total / 1024 ** 3:,.1f} GiB "
-                     f"of memory; lower --vocab_size")
+        k = min(5, max(1, int(math.log(needed, 1024))))  # KiB … PiB
+        parser.error(f"--vocab_size {args.vocab_size:,} needs {needed / 1024 ** k:,.1f} "
+                     f"{'KMGTP'[k - 1]}iB for the embeddings alone, more than {where} "
+                     f"{total / 1024 ** 3:,.1f} GiB of memory; lower --vocab_size")
     return args

@@ -44,8 +44,7 @@ def fail(message: str):
 
 
 def resolve_device(args, error) -> str:
-    """--device, --dtype and --compile "auto" (or None) made CUDA, bf16 and compiled, or CPU,
-    float32 and eager; error(sentence) for an unusable device. Returns the device's type."""
+    """Sets "auto" --device, --dtype, --compile (CUDA: bf16, compiled; CPU: float32, eager)."""
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -54,11 +53,9 @@ def resolve_device(args, error) -> str:
         error(f"--device {args.device!r} is not a torch device; use cpu, cuda or cuda:N")
     if device.type not in ("cpu", "cuda"):
         error(f"--device {args.device} is not supported: train.py runs on cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        error(f"--device {args.device} asks for CUDA but no GPU is visible; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        error(f"--device {args.device} names a GPU that is not there; this machine has "
-              f"{torch.cuda.device_count()}")
+    if device.type == "cuda" and (device.index or 0) >= (gpus := torch.cuda.device_count()):
+        error(f"--device {args.device} " + (f"names a GPU that is not there; this machine "
+              f"has {gpus}" if gpus else "asks for CUDA but no GPU is visible; use --device cpu"))
     if args.dtype == "auto":
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.compile is None:
@@ -67,7 +64,6 @@ def resolve_device(args, error) -> str:
 
 
 # Processes: torchrun sets RANK (over all nodes), LOCAL_RANK (on this node) and WORLD_SIZE.
-
 @dataclass
 class Dist:
     rank: int
@@ -82,8 +78,7 @@ class Dist:
 
 @contextlib.contextmanager
 def run_process(args):
-    """This process's Dist, in torchrun's process group (NCCL with one GPU per process, or gloo)
-    while the block runs; a full disk or Ctrl-C ends in one sentence."""
+    """This process's Dist, in torchrun's group (NCCL or gloo); a full disk or Ctrl-C: one line."""
     world_size, device = int(os.environ.get("WORLD_SIZE", 1)), torch.device(args.device)
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = device.type == "cuda"
@@ -97,8 +92,8 @@ def run_process(args):
     except store.WriteError as err:  # a full disk, a folder that cannot be written
         fail(str(err))
     except KeyboardInterrupt:
-        ckpt = Path(args.out_dir) / "ckpt.pt"
         if rank == 0:
+            ckpt = Path(args.out_dir) / "ckpt.pt"
             print("train.py: interrupted; " + (f"--resume continues from {ckpt}" if ckpt.is_file()
                   else f"no checkpoint yet (every --save_every {args.save_every} steps), so "
                   f"--resume starts at step 0"), file=sys.stderr)
@@ -131,26 +126,22 @@ def cpu_threads(ctx: Dist) -> str:  # for the settings line before step 1
     return f", {torch.get_num_threads()} CPU thread(s)" if ctx.device.type == "cpu" else ""
 
 
-def unwrap(model) -> GPT:
-    """The GPT inside DDP and torch.compile."""
+def unwrap(model) -> GPT:  # the GPT inside DDP and torch.compile
     model = model.module if isinstance(model, DDP) else model
     return getattr(model, "_orig_mod", model)
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Σ over processes, in place (a no-op on one process)."""
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:  # Σ over processes, in place
     if dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 # The data: made ready once per node, checked before any step
-
 def prepare_data(args, ctx: Dist):
-    """Local rank 0 makes --data a checked folder of shards (make_ready) while its node's other
-    ranks wait at a gloo barrier (NCCL's 10 minutes are too short for a download)."""
+    """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
-        if ctx.world_size > 1 else None
+        if ctx.world_size > 1 else None  # gloo: NCCL's 10 minutes are too short for a download
     problem = make_ready(args) if ctx.local_rank == 0 else ""
     failed = torch.tensor([float(bool(problem))])
     if waiting is not None:  # the barrier: local rank 0 is done
@@ -162,12 +153,12 @@ def prepare_data(args, ctx: Dist):
 
 
 def make_ready(args) -> str:
-    """Tokenize the text files, or download the default shards when missing; then check the
-    dataset (store.check_dataset, check_vocab). Returns '' or one sentence."""
+    """The text tokenized or missing default shards downloaded, then checked: '' or a sentence."""
     try:
         if args.text:
             args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))
-        elif args.data == prepare.DEFAULT_DATA and not has_shards(args.data):
+        elif args.data == prepare.DEFAULT_DATA and not all(  # both splits' shards are there
+                any(Path(args.data).glob(f"*{split}*.bin")) for split in ("train", "val")):
             shards = prepare.shards_needed(args.steps * args.batch_size * args.seq_len)
             print(f"no shards in {args.data}: downloading {prepare.DEFAULT_DATASET} (1 val + "
                   f"{shards} train shards of {data.SHARD_TOKENS:,} tokens) …", flush=True)
@@ -185,16 +176,8 @@ def make_ready(args) -> str:
         return str(err)
 
 
-def has_shards(folder) -> bool:
-    try:
-        return bool(data.shard_paths(folder, "train") and data.shard_paths(folder, "val"))
-    except (FileNotFoundError, ValueError):
-        return False
-
-
 def open_data(args, ctx: Dist, say):
-    """The rank's training loader; the dataset's recorded fingerprint (--resume compares it);
-    --eval_tokens and --stat_tokens cut down to what the val split holds, saying so."""
+    """The rank's loader; the data's fingerprint (for --resume); token counts cut to the val's."""
     try:
         args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
@@ -215,17 +198,14 @@ def open_data(args, ctx: Dist, say):
     return loader
 
 
-def val_batches(tokens: int, args, ctx: Dist):
-    """This rank's share of the first `tokens` val tokens, at least one micro-batch per rank."""
+def val_batches(tokens: int, args, ctx: Dist):  # this rank's share, ≥ 1 micro-batch per rank
     tokens = max(tokens, ctx.world_size * args.micro_batch * args.seq_len)
     return data.val_batches(args.data, tokens, args.micro_batch, args.seq_len, ctx.rank,
                             ctx.world_size)
 
 
 # The device: batches moved to it, and its losses read without waiting for it
-
-def device_batches(loader, device):
-    """next_batch() of the loader, moved to the device (asynchronously from pinned memory)."""
+def device_batches(loader, device):  # loader.next_batch, moved there (from pinned memory)
     def next_batch():
         x, y = loader.next_batch()
         if device.type == "cuda":
@@ -237,7 +217,6 @@ def device_batches(loader, device):
 class FiniteWatch:
     """Whether each step's loss was finite, without making the GPU wait: the flag goes to pinned
     memory and is read one step later, once the next step is queued (at once on the CPU)."""
-
     def __init__(self, device: torch.device):
         self.lag = 1 if device.type == "cuda" else 0
         self.pending = []  # (step, flag, event), oldest first
@@ -262,7 +241,6 @@ class FiniteWatch:
 
 
 # The run folder: one process at a time, files written whole, no other run's files replaced
-
 @contextlib.contextmanager
 def run_folder_lock(out: Path):
     """Hold OUT/.lock (fcntl.flock, which the OS drops however its process ends) while the block
@@ -301,8 +279,7 @@ def run_folder_lock(out: Path):
 
 
 def check_run_folder(args, out: Path, config: dict) -> bool:
-    """Whether to train (False: --resume finds this run finished); refuses a folder holding
-    files without --resume, and with it another run's folder."""
+    """False: --resume finds the run finished; refuses a run without --resume, another's with it."""
     files = sorted(path.name for path in out.iterdir() if path.name != LOCK)
     if files and not args.resume:
         fail(f"{out} already holds a run ({', '.join(files[:4])}); pass --resume to continue "
@@ -391,8 +368,7 @@ def save_snapshot(out: Path, model: GPT, step: int, config: dict):  # for analyz
 
 
 def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
-    """Model, optimizer, loader and RNG from ckpt.pt; returns its step, init_loss, train_time_s
-    and config. One sentence for a checkpoint that cannot continue this run."""
+    """Model, optimizer, loader and RNG from ckpt.pt; its step, init_loss, train_time_s, config."""
     def refuse(reason):
         fail(f"{path} {reason}; delete it to start afresh")
     try:
@@ -429,27 +405,24 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
 
 
 # Speed and the console line
-
 def sync(device: torch.device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def peak_flops(device: torch.device, dtype: str):
-    """Dense bf16 peak FLOP/s of one device, or None when unknown (CPU, other GPUs, float32)."""
+def peak_flops(device: torch.device, dtype: str):  # dense bf16 FLOP/s of one GPU; None: unknown
     if device.type != "cuda" or dtype != "bfloat16":
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
 
 
-class CompileWatch(logging.Filter):
+class CompileWatch:
     """What torch.compile gave up on (suppress_errors logs a traceback and runs eagerly): each
     root cause in one line, kept from the console, for train.py to say once."""
     LOGGER = logging.getLogger("torch._dynamo.convert_frame")
 
     def __init__(self):
-        super().__init__()
         self.failures = []
         self.LOGGER.addFilter(self)
 
@@ -470,7 +443,6 @@ class CompileWatch(logging.Filter):
 
 class Throughput:
     """Tokens per second since the last restart, timed between device syncs (not CUDA's queue)."""
-
     def __init__(self, device: torch.device, tokens_per_step: int):
         self.device, self.tokens_per_step = device, tokens_per_step
         self.restart()
@@ -485,18 +457,15 @@ class Throughput:
         return self.tokens_per_step / per_step, per_step
 
 
-def timed(fn, *args):
-    """fn(*args) and its seconds (fn reads a device value, so the device is done)."""
+def timed(fn, *args):  # fn(*args) and its seconds (fn reads a device value: the device is done)
     start = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - start
+    return fn(*args), time.perf_counter() - start  # left to right: fn runs first
 
 
 def eta_seconds(step: int, args, per_step: float, log_s: float, eval_s: float,
                 log_tokens: int) -> float:
-    """Seconds until the run ends after `step`: the steps left, the log steps and evaluations
-    among them (each as long as the last one), and the final statistics over --stat_tokens
-    (as long per token as a log step's statistics over log_tokens)."""
+    """Seconds left after `step`: steps, log steps and evaluations (each as long as the last), and
+    the final statistics over --stat_tokens (per token as long as a log step's over log_tokens)."""
     final_stats = log_s * args.stat_tokens / log_tokens
     if step == args.steps:
         return final_stats
@@ -507,31 +476,22 @@ def eta_seconds(step: int, args, per_step: float, log_s: float, eval_s: float,
             + count(args.eval_every) * eval_s + final_stats)
 
 
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 def log_line(record: dict, steps: int, eta: float | None) -> str:
-    """step, loss, lr and what was measured of tokens/s, MFU, ETA (none over the first step,
-    which compiles) and val loss: one line a person can read."""
-    shown = {**record, "eta": None if eta is None else format_duration(eta)}
+    """step, loss, lr and what was measured of tok/s, MFU, ETA (not over step 1) and val loss."""
+    s = int(eta or 0)  # the ETA as 1h05m or 4m09s
+    duration = f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    shown = {**record, "eta": None if eta is None else duration}
     parts = [f"step {record['step']:>{len(str(steps))}}/{steps}", f"loss {record['loss']:.4f}",
              f"lr {record['lr']:.2e}"]
-    for key, form in (("tok_per_s", "{:,.0f} tok/s"), ("mfu", "MFU {:.1%}"), ("eta", "ETA {}"),
-                      ("val_loss", "val {:.4f}")):
-        if shown.get(key) is not None:
-            parts.append(form.format(shown[key]))
+    parts += [form.format(shown[key]) for key, form in (("tok_per_s", "{:,.0f} tok/s"),
+              ("mfu", "MFU {:.1%}"), ("eta", "ETA {}"), ("val_loss", "val {:.4f}"))
+              if shown.get(key) is not None]
     return " | ".join(parts)
 
 
 # Setup: everything before the first step
-
 @dataclass
-class Run:
-    """What setup() hands the training loop."""
+class Run:  # what setup() hands the training loop
     model: GPT                 # what is saved, measured and centred
     compiled: torch.nn.Module  # model, compiled (setup says when): runs the evaluations
     wrapped: torch.nn.Module   # compiled, in DDP on several processes: runs the steps
@@ -547,8 +507,7 @@ class Run:
 
 @contextlib.contextmanager
 def setup(args, ctx: Dist, say, build_model, make_optimizer):
-    """Everything before step 1, in the run folder rank 0 locks until the block ends, with
-    build_model(args) and make_optimizer(model, args); yields the Run (None: it is finished)."""
+    """Everything before step 1, in the folder rank 0 locks for the block: the Run (None: done)."""
     out = Path(args.out_dir)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download

@@ -798,3 +798,10 @@ def test_finite_watch_names_the_first_nonfinite_step():
     for step, loss in enumerate([1.0, 2.0, float("nan"), float("inf")], 1):
         watch.push(step, torch.tensor(loss))
     assert watch.first_nonfinite() == 3
+
+
+def test_the_log_line_shows_the_eta_in_hours_and_minutes_or_minutes_and_seconds():
+    record = {"step": 5, "loss": 2.0, "lr": 1e-3, "val_loss": None}
+    assert runs.log_line(record, 100, eta=3725).endswith("| ETA 1h02m")
+    assert runs.log_line(record, 100, eta=249.9).endswith("| ETA 4m09s")
+    assert "ETA" not in runs.log_line(record, 100, eta=None)
