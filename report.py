@@ -31,7 +31,8 @@ RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "cap": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "test_loss": ("≥ 0 (a cross-entropy; NaN or empty if diverged)", lambda v: not v < 0),
          "init_loss": ("≥ 0 (a cross-entropy)", lambda v: not v < 0),
-         "train_time_s": ("≥ 0", lambda v: not v < 0)}
+         "train_time_s": ("≥ 0", lambda v: not v < 0),
+         "seed": ("an integer >= 0", lambda v: v == "" or str(v).isdigit())}
 TABLE_COLUMNS = ("size", "lr", "head", "lam", "tie", "test_loss", "train_time_s")
 # (column, in words): Fig. 3's in the paper's order, then the matmul's rounding, where logged
 METRICS = (("logit_mean", "mean logit l̄"), ("logit_std", "logit spread σ_l"),
@@ -58,8 +59,7 @@ def capped_loss(row):  # min(L(η), L₀), a diverged or non-finite run counting
     return row["l0"] if row["diverged"] or not math.isfinite(loss) else min(loss, row["l0"])
 
 
-def lr_sensitivity(losses, mean="published"):
-    """LRS of capped losses, / (n_η − 1) or / n_η ("literal"); NaN for one η."""
+def lr_sensitivity(losses, mean="published"):  # of capped losses, as above; NaN for one η
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
@@ -89,8 +89,7 @@ def _times(rows):  # of the runs that did not diverge
             if not r["diverged"] and math.isfinite(r["train_time_s"])]
 
 
-def reduce_runs(rows, mean="published"):
-    """Group rows by (tie, head, λ, c, size) and reduce each group to a Cell."""
+def reduce_runs(rows, mean="published"):  # rows grouped by (tie, head, λ, c, size): Cells
     groups = {}
     for row in rows:
         group = groups.setdefault(tuple(row[k] for k in ("tie", "head", "lam", "cap", "size")), {})
@@ -109,8 +108,7 @@ def reduce_runs(rows, mean="published"):
     return sorted(cells, key=lambda c: (c.tie, variant_order(c.variant), size_order(c.size)))
 
 
-def size_order(label):
-    """Sizes by N, then a size's dtype/seed columns (label_settings) in name order."""
+def size_order(label):  # sizes by N, then a size's dtype/seed columns (label_settings) by name
     size, _, rest = label.partition(" ")
     return (SIZE_ORDER.index(size), rest) if size in SIZE_ORDER else (len(SIZE_ORDER), label)
 
@@ -126,9 +124,9 @@ def baseline_of(cell, cells):  # of the same size and tying, or None
 
 
 def extra_time(cell, cells):  # mean train time / the baseline's − 1
-    base = baseline_of(cell, cells)
-    ok = base is not None and base.train_time_s > 0
-    return cell.train_time_s / base.train_time_s - 1.0 if ok else math.nan
+    if (base := baseline_of(cell, cells)) and base.train_time_s > 0:
+        return cell.train_time_s / base.train_time_s - 1.0
+    return math.nan
 
 
 def swept_lambda_heads(cells, tie):  # heads run with several λ: their own Table 3 and Fig. 4
@@ -152,13 +150,10 @@ def variant_label(variant, show_lam=False):
 # reading a results CSV (sweep.py collect writes ours from the run folders)
 
 def csv_cell(value):  # empty for None, true/false, floats in full
-    if value is None:
-        return ""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def regular_file(path, hint):
-    """path if it is a regular file; else one sentence ending in hint (a pipe would block)."""
+def regular_file(path, hint):  # path if a regular file (a pipe would block); hint ends the error
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; {hint}")
     if not path.is_file():
@@ -212,13 +207,10 @@ def _typed_row(raw, l0):
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),
                diverged=boolean(row.get("diverged") or "false"),
                **{name: _number(row.get(name)) for name, _ in METRICS + PRECISION_METRICS})
-    lam, cap = _number(row.get("lam"), None), _number(row.get("cap"), None)
-    row["lam"] = (DEFAULT_LAM if lam is None else lam) if row["head"] in LAMBDA_HEADS else None
-    row["cap"] = (DEFAULT_CAP if cap is None else cap) if row["head"] == "soft_cap" else None
-    if row.get("seed") not in (None, "") and not str(row["seed"]).isdigit():
-        raise ValueError(f"seed is {row['seed']}, but it must be an integer >= 0")
+    row["lam"] = _number(row.get("lam"), DEFAULT_LAM) if row["head"] in LAMBDA_HEADS else None
+    row["cap"] = _number(row.get("cap"), DEFAULT_CAP) if row["head"] == "soft_cap" else None
     for name, (rule, valid) in RULES.items():
-        if row[name] is not None and not valid(row[name]):
+        if row.get(name) is not None and not valid(row[name]):
             raise ValueError(f"{name} is {raw.get(name) or 'empty'}, but it must be {rule}")
     own = row["init_loss"] if math.isfinite(row["init_loss"]) else L0_BY_SIZE.get(row["size"])
     if l0 is None and own is None:
@@ -256,14 +248,13 @@ ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/�
              "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
 
 
-def _markdown_grid(cells, header, rows):
-    """A Markdown table: the size column's title, then header; below it rows, each size first."""
+def _markdown_grid(cells, header, rows):  # a Markdown table, rows of a size column then header
     first = "model size N" + (" (matmul dtype, seed)" if any(" " in c.size for c in cells) else "")
     lines = [f"| {first} | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def _markdown_table(cells, value, fmt, best=min, show_lam=False):
+def _markdown_table(cells, value, fmt, show_lam=False, best=min):
     """Rows = sizes, columns = variants; the best value of each row in bold (best=None: none)."""
     variants = sorted({c.variant for c in cells}, key=variant_order)
     at = {(c.size, c.variant): value(c) for c in cells}
@@ -277,8 +268,7 @@ def _markdown_table(cells, value, fmt, best=min, show_lam=False):
     return _markdown_grid(cells, [variant_label(v, show_lam) for v in variants], rows)
 
 
-def time_text(cell, cells):
-    """(iii)'s entry: the additional time in %, or "n/c" where a time figure means nothing."""
+def time_text(cell, cells):  # (iii)'s entry: extra time in %, "n/c" where a figure means nothing
     for c in (cell, baseline_of(cell, cells)):
         times = _times(c.rows) if c else []
         if times and max(times) > TIME_SPREAD * min(times):
@@ -315,9 +305,8 @@ def markdown_report(cells, mean="published", l0=None):
              f"runs that did not diverge / the baseline's − 1. Best loss and LRS per size in "
              f"bold. {HEAD_WORDS}"]
     def loss_and_lrs(cells, show_lam=False):  # (i) and (ii)
-        return [LOSS, _markdown_table(cells, lambda c: c.optimal_loss, "{:.2f}".format, min,
-                                      show_lam),
-                LRS, _markdown_table(cells, lambda c: c.lrs_value, "{:.3f}".format, min, show_lam)]
+        return [LOSS, _markdown_table(cells, lambda c: c.optimal_loss, "{:.2f}".format, show_lam),
+                LRS, _markdown_table(cells, lambda c: c.lrs_value, "{:.3f}".format, show_lam)]
     for tie in sorted({c.tie for c in cells}):
         tying = "with weight tying" if tie else "without weight tying"
         main = main_cells(cells, tie)
@@ -382,9 +371,11 @@ def _lines(cells, ref_cells, column):  # (cell, style, label suffix) of a column
 
 
 def _finish(fig, title):
-    """The figure's title, and its one legend (each label once) below the panels."""
+    """The figure's title, its one legend (each label once) below, grids; spare panels hidden."""
     handles = {}
     for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.set_visible(ax.has_data())
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize=8,
@@ -454,7 +445,6 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
                             ha="right", va="top", fontsize=7, color=color_of(c))
         ax.set(xscale="log", title=column_title, xlabel="learning rate η", ylim=(low, top),
                ylabel="loss min(L, L₀)")
-        ax.grid(alpha=0.3)
     ax = fig.add_subplot(grid[0, 1] if one else grid[1, :min(len(columns), 3)])
     variants = sorted({c.variant for c in cells + ref_cells}, key=variant_order)
     for k, variant in enumerate(variants):
@@ -473,7 +463,6 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
         _log_scale(ax, "log", values)
     else:
         ax.set_ylim(0, 1.1 * max(values, default=1.0))
-    ax.grid(alpha=0.3)
     return _finish(fig, title)
 
 
@@ -487,8 +476,6 @@ def _metrics(plt, cells, ref_cells, title):
     shape = (2, math.ceil(len(metrics) / 2)) if one else (len(metrics), len(columns))
     fig, grid = plt.subplots(*shape, squeeze=False, layout="constrained", figsize=(
         3.3 * shape[1], 6.6) if one else (3.2 * shape[1] + 1, 2.6 * shape[0]))
-    for ax in grid.flat[len(metrics):] if one else ():
-        ax.set_visible(False)
     for i, (metric, label) in enumerate(metrics):
         values = [r[metric] for c in cells + ref_cells for r in c.rows if math.isfinite(r[metric])]
         label = textwrap.fill(label, 30)
@@ -504,7 +491,6 @@ def _metrics(plt, cells, ref_cells, title):
                 _log_scale(ax, "symlog", values)
             if all(r[metric] == 0 for c in cells + ref_cells if c.size == column for r in c.rows):
                 ax.text(0.5, 0.6, "0 at every η", transform=ax.transAxes, ha="center")
-            ax.grid(alpha=0.3)
     return _finish(fig, title + (f", {next(iter(columns))}" if one else ""))
 
 
@@ -519,12 +505,11 @@ LINE_STYLES = ("-", "--", ":", "-.")
 FEW_POINTS = 12  # series with at most this many points get markers
 
 
-def curves_figure(logs, configs=None):
+def curves_figure(logs, configs):
     """CURVES vs step, a line per run ({run name: log records}, {run name: config.json}): a colour
     per head, a line style per run of it; the title names shared settings, a label what differs."""
     def words_of(key, value):
         return CURVE_SETTINGS[key].format(value) if key != "tie" else "tied" if value else "untied"
-    configs = configs or {name: {} for name in logs}
     heads = {name: str(config.get("head", Path(name).name)) for name, config in configs.items()}
     first = next(iter(configs.values()))
     seen = {key: {str(config.get(key)) for config in configs.values()} for key in CURVE_SETTINGS}
@@ -537,8 +522,6 @@ def curves_figure(logs, configs=None):
     ncols = math.ceil(len(curves) / 2)
     fig, axes = _pyplot().subplots(2, ncols, figsize=(4 * ncols, 7.5), squeeze=False,
                                    layout="constrained")
-    for ax in axes.flat[len(curves):]:
-        ax.set_visible(False)
     for ax, (key, text) in zip(axes.flat, curves):
         runs_of_head, drawn = {}, []
         for i, (name, records) in enumerate(logs.items()):
@@ -554,5 +537,4 @@ def curves_figure(logs, configs=None):
         if max(map(abs, drawn), default=0.0) > 50:  # ‖μ‖ growing while μ-centering's stays at 0
             _log_scale(ax, "symlog", drawn)
         ax.set(title=textwrap.fill(text, 34), xlabel="step", ylabel=UNITS[key])
-        ax.grid(alpha=0.3)
     return _finish(fig, title)

@@ -2,9 +2,9 @@
 sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
 results into the paper's tables and figures (drawn by report.py); README's Commands has examples.
 
-Options sweep.py does not know go to train.py, after the grid's own, so they win. A point is a
-run folder OUT/Run.name, finished when it has summary.json; the same command again skips
-finished runs, resumes the others, and refuses folders of other settings before anything starts.
+Options sweep.py does not know go to train.py after the grid's own, so they win. A point is a run
+folder OUT/Run.name, finished once it has summary.json: the same command again skips it, resumes
+the others and, before anything starts, refuses folders of other settings.
 """
 import argparse
 import contextlib
@@ -37,11 +37,11 @@ PAPER_TRAIN_ARGS = ("--data_order", "random")
 # The CPU proxy (experiments/proxy): a short run needs η up to 1 for μ to grow as over the
 # paper's 100,000 steps. Its committed runs read the text in order: it keeps that order.
 PROXY_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
-PROXY_TRAIN_ARGS = ("--device", "cpu", "--steps", "300", "--warmup", "15", "--batch_size", "4",
-                    "--micro_batch", "4", "--seq_len", "64", "--loss_chunk", "256",
-                    "--eval_every", "100", "--eval_tokens", "8192", "--stat_tokens", "4096",
-                    "--log_every", "20", "--data", "data/shakespeare", "--data_order",
-                    "sequential")
+PROXY_TRAIN_ARGS = tuple("--device cpu --steps 300 --warmup 15 --batch_size 4 --micro_batch 4 "
+                        "--seq_len 64 --loss_chunk 256 --eval_every 100 --eval_tokens 8192 "
+                        "--stat_tokens 4096 --log_every 20 --data data/shakespeare "
+                        "--data_order sequential".split())
+AXES = ("sizes", "lrs", "heads", "ties", "lams", "caps", "dtypes", "seeds")  # --tie gives ties
 GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
 PAPER_GRID = dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, caps=(DEFAULT_CAP,),
                   train_args=PAPER_TRAIN_ARGS)
@@ -55,8 +55,8 @@ GRIDS = {
                    caps=(None,)),
 }
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
-GRID_OPTIONS = ("--size", "--head", "--lr", "--tie", "--no-tie", "--lam", "--cap", "--dtype",
-                "--seed", "--out_dir", "--resume")  # set per run: not the user's to pass
+# train.py's options sweep.py sets per run (config.json names): passing one is an error
+GRID_OPTIONS = ("size", "head", "lr", "tie", "lam", "cap", "dtype", "seed", "out_dir", "resume")
 SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")  # not what a run computes
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
@@ -81,33 +81,29 @@ class Run:
     dtype: str | None = None  # None: train.py's default
     seed: int | None = None
 
+    def _given(self):  # (field, value) of lam, cap, dtype and seed where not train.py's default
+        return [(field, value) for field, value in asdict(self).items()
+                if field not in ("size", "head", "lr", "tie") and value is not None]
+
     @property
     def name(self):
         """{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
-        name = f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}"
-        name += f"_lam{short(self.lam)}" if self.lam is not None else ""
-        name += f"_cap{short(self.cap)}" if self.cap is not None else ""
-        name += f"_{self.dtype}" if self.dtype is not None else ""
-        return name + (f"_seed{self.seed}" if self.seed is not None else "")
+        return f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}" + "".join(
+            f"_{'' if field == 'dtype' else field}{short(v) if isinstance(v, float) else v}"
+            for field, v in self._given())
 
     def train_args(self):
-        """train.py's options for this point; numbers in full (repr)."""
-        args = ["--size", self.size, "--head", self.head, "--lr", repr(self.lr)]
-        args += ["--tie"] if self.tie else []
-        args += ["--lam", repr(self.lam)] if self.lam is not None else []
-        args += ["--cap", repr(self.cap)] if self.cap is not None else []
-        args += ["--dtype", self.dtype] if self.dtype is not None else []
-        return args + (["--seed", str(self.seed)] if self.seed is not None else [])
+        """train.py's options for this point; numbers in full (str(float) is repr)."""
+        args = ["--size", self.size, "--head", self.head, "--lr", str(self.lr)]
+        args += ["--tie"] * self.tie
+        return args + [arg for field, value in self._given() for arg in (f"--{field}", str(value))]
 
 
-def expand_grid(grid, sizes=None, lrs=None, heads=None, ties=None, lams=None, caps=None,
-                dtypes=None, seeds=None):
-    """Every point of a grid, an axis given here replacing the grid's own: paper 7 η × 5 sizes ×
+def expand_grid(grid, **given):
+    """Every point of a grid, an axis given (AXES) replacing the grid's own: paper 7 η × 5 sizes ×
     2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 = 280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
-    given = dict(sizes=sizes, lrs=lrs, heads=heads, ties=ties, lams=lams, caps=caps,
-                 dtypes=dtypes, seeds=seeds)
     axes = {**GRIDS[grid], **{axis: tuple(values) for axis, values in given.items() if values}}
     check_axes(grid, axes)
     runs = []
@@ -134,9 +130,8 @@ def check_axes(grid, axes):
         rule, valid = report.RULES[setting]
         if bad := [v for v in axes[axis] if v is not None and not valid(v)]:
             problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be {rule})")
-    if bad := [seed for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2 ** 64]:
-        problems.append(f"--seeds {' '.join(map(str, bad))} (each must be an integer from 0 to "
-                        f"2^64 − 1)")
+    if bad := [str(seed) for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2**64]:
+        problems.append(f"--seeds {' '.join(bad)} (each must be an integer from 0 to 2^64 − 1)")
     if problems:
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
@@ -149,8 +144,11 @@ RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss 
                        "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
 
 
-def json_object(path):
-    """The dict a JSON file holds; anything else (a pipe too: a read would block) is refused."""
+def json_object(path, missing=None):
+    """The dict a JSON file holds (missing, if given, where there is none); anything else (a pipe
+    too: a read would block) is refused."""
+    if missing is not None and not Path(path).exists():
+        return missing
     with contextlib.suppress(ValueError):  # not UTF-8, not JSON
         if Path(path).is_file() and isinstance(value := json.loads(Path(path).read_text()), dict):
             return value
@@ -172,8 +170,7 @@ def results_csv(run_root):
         if missing := [key for key in needed if key not in summary]:
             raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
                              f"project's train.py")
-        config_path = path.with_name("config.json")
-        config = json_object(config_path) if config_path.exists() else {}
+        config = json_object(path.with_name("config.json"), missing={})
         row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
         row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
                    run=str(path.parent.relative_to(run_root)))                     # names
@@ -227,10 +224,9 @@ def same_setting(name, asked, recorded):
     if isinstance(asked, bool) or isinstance(recorded, bool) or recorded is None:
         return asked == recorded
     if isinstance(recorded, (int, float)):
-        try:
+        with contextlib.suppress(ValueError):  # else asked is not a number
             return (asked if isinstance(asked, (int, float)) else float(asked)) == recorded
-        except ValueError:
-            return False
+        return False
     if name == "data":  # the same folder or text files however their paths are written
         return ([os.path.realpath(p) for p in _paths(asked)]
                 == [os.path.realpath(p) for p in _paths(recorded)])
@@ -238,8 +234,8 @@ def same_setting(name, asked, recorded):
 
 
 def differences(run_dir, run, passed):
-    """The settings of run (its fields are config.json's names; None: train.py's default) and
-    passed that run_dir's config.json records otherwise, in words ([] if none)."""
+    """In words, the settings of run (None: train.py's default) and passed that differ in run_dir's
+    config.json ([] if none); Run's fields are config.json's names."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.exists():
         return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
@@ -305,23 +301,22 @@ def gpu_slots(gpus, nproc_per_node, jobs=1):
     return [",".join(ids[i:i + nproc_per_node]) for i in range(0, len(ids), nproc_per_node)]
 
 
-def _start(run, slot, out, extra_args, slots, nproc_per_node):
+def _start(run, cmd, slot, out, n_slots):
     """Start one run: with one slot it prints to this terminal, else to OUT/logs/NAME.log."""
-    cmd = train_command(run, out, extra_args, nproc_per_node)
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
-    if len(slots) > 1 and not slot:  # CPU runs side by side: one core's threads each
-        env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
+    if n_slots > 1 and not slot:  # CPU runs side by side: one core's threads each
+        env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // n_slots)))
     print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
           f"{f' on GPU {slot}' if slot else ''}", flush=True)
-    if len(slots) == 1:
+    if n_slots == 1:
         return subprocess.Popen(cmd, env=env)
     with open(Path(out) / "logs" / f"{run.name}.log", "a") as log:  # the run holds its own copy
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
-    """Run the runs, len(slots) at once; the failed ones' names. An interrupt stops them all."""
-    pending, running, failed, free, durations = list(runs), {}, [], list(slots), []
+def launch_local(commands, out, slots):
+    """Run {run: command}, len(slots) at once; the failed ones' names. An interrupt stops all."""
+    pending, running, failed, free, durations = list(commands), {}, [], list(slots), []
     if len(slots) > 1:
         (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
     on_sigint = signal.getsignal(signal.SIGINT)
@@ -330,7 +325,7 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
         while pending or running:
             while pending and free:
                 run, slot = pending.pop(0), free.pop(0)
-                proc = _start(run, slot, out, extra_args, slots, nproc_per_node)
+                proc = _start(run, commands[run], slot, out, len(slots))
                 running[proc] = (run, slot, time.time())
             time.sleep(POLL_S)
             for proc in [p for p in running if p.poll() is not None]:
@@ -341,8 +336,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
                 left = len(pending) + len(running)
                 eta = sum(durations) / len(durations) * left / len(slots)
                 print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {run.name} "
-                      f"in {durations[-1]:.0f} s; {len(runs) - left}/{len(runs)} ended, ETA "
-                      f"{eta / 60:.0f} min", flush=True)
+                      f"in {durations[-1]:.0f} s; {len(commands) - left}/{len(commands)} ended, "
+                      f"ETA {eta / 60:.0f} min", flush=True)
                 failed += [] if ok else [run.name]
                 if proc.returncode == USAGE_ERROR and pending:  # the others would fail alike
                     where = Path(out) / "logs" / f"{run.name}.log" if len(slots) > 1 else None
@@ -363,9 +358,8 @@ def launch_local(runs, out, extra_args, slots, nproc_per_node=1):
 
 
 SBATCH_TEMPLATE = """#!/bin/bash
-# train.py runs as a SLURM job array, written by sweep.py (submit it where torch is installed):
-# task i runs line i (0-based) of RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torchrun per node; the
-# nodes meet via c10d on the first node, at a port per task so tasks sharing a node differ.
+# train.py runs as a SLURM job array (written by sweep.py): task i runs line i (0-based) of
+# RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torchrun per node, meeting via c10d on the first node.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
@@ -409,21 +403,20 @@ def write_slurm(runs, args, extra_args):
 
 
 def cmd_run(args, extra_args):
-    for option in (arg.split("=", 1)[0] for arg in extra_args):  # a typo such as --lr for --lrs
-        if option in GRID_OPTIONS:
-            raise ValueError(f"{option} is set per run by the sweep; give the grid's axes "
-                             f"instead (--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
-    runs = expand_grid(args.grid, args.sizes, args.lrs, args.heads, args.tie, args.lams, args.caps,
-                       args.dtypes, args.seeds)
+    if clash := [name for name in passed_settings(extra_args) if name in GRID_OPTIONS]:
+        raise ValueError(f"--{clash[0]} is set per run by the sweep; give the grid's axes instead "
+                         f"(--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
+    runs = expand_grid(args.grid, **{axis: getattr(args, axis) for axis in AXES})
     extra_args = [*GRIDS[args.grid]["train_args"], *extra_args]  # the user's options win
     check_out(args.out)
     check_run_folders(runs, args.out, extra_args)
     todo = [run for run in runs if not is_finished(Path(args.out) / run.name)]
     print(f"sweep: {len(runs)} runs in the grid, {len(runs) - len(todo)} finished, "
           f"{len(todo)} to do", flush=True)
+    commands = {run: train_command(run, args.out, extra_args, args.nproc_per_node) for run in todo}
     if args.dry_run:
-        for run in todo:
-            print(shlex.join(train_command(run, args.out, extra_args, args.nproc_per_node)))
+        for command in commands.values():
+            print(shlex.join(command))
         data = _paths(passed_settings(extra_args).get("data"))
         if todo and (missing := [path for path in data if not Path(path).exists()]):
             print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
@@ -443,8 +436,7 @@ def cmd_run(args, extra_args):
             raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
         slots = gpu_slots(args.gpus, args.nproc_per_node, args.jobs)
         try:
-            failed = launch_local(todo, store.make_folder(args.out), extra_args, slots,
-                                  args.nproc_per_node)
+            failed = launch_local(commands, store.make_folder(args.out), slots)
         except KeyboardInterrupt:
             print("sweep: interrupted; run the same command again to resume", flush=True)
             return 130
@@ -497,8 +489,7 @@ def cmd_plot(args):
 
 def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names their heads
     logs = {run: read_log(run) for run in args.runs}
-    configs = {run: json_object(Path(run) / "config.json")
-               if (Path(run) / "config.json").exists() else {} for run in args.runs}
+    configs = {run: json_object(Path(run) / "config.json", missing={}) for run in args.runs}
     save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
 
 
@@ -516,7 +507,8 @@ def parse_args(argv=None):
                                ("--lams", float, "λ for z_loss and mu_loss"),
                                ("--caps", float, "c for soft_cap"),
                                ("--seeds", int, "train.py --seed of each run")):
-        run.add_argument(option, nargs="+", type=kind, help=text)
+        run.add_argument(option, nargs="+", type=kind, help=text,
+                         dest="ties" if option == "--tie" else option[2:])
     run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="proxy: both")
     run.add_argument("--out", required=True, help="folder that holds one run folder per point")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")

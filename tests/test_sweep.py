@@ -734,8 +734,8 @@ def test_a_sweep_on_text_files_counts_its_finished_runs(tmp_path, capsys):
 
 def test_every_distinct_value_gets_its_own_folder(tmp_path, capsys):
     """--lrs 1e-3 1.0000001e-3 used to map both runs to lr0.001 and train only one."""
-    runs = sweep.expand_grid("custom", ["tiny"], [1e-3, 1.0000001e-3, 1 / 3], ["z_loss"],
-                             lams=[1e-4, 1.00000001e-4])
+    runs = sweep.expand_grid("custom", sizes=["tiny"], lrs=[1e-3, 1.0000001e-3, 1 / 3],
+                             heads=["z_loss"], lams=[1e-4, 1.00000001e-4])
     assert sorted(run.name for run in runs) == sorted(
         f"tiny_z_loss_lr{lr}_tie0_lam{lam}" for lr in ("0.001", "0.0010000001", "0.3333333333333333") for lam in ("0.0001", "0.000100000001"))
     assert all(float(sweep.short(x)) == x for x in (1 / 3, 0.1 + 0.2, 3e-4, 1e2, 5e-324))
@@ -894,7 +894,8 @@ def test_tiny_sweep_is_interrupted_resumed_and_tabled(tmp_path):
     # A run holds its first checkpoint for 55 of its 60 steps, so Ctrl-C reaches the sweep long
     # before that run ends, however loaded the machine (with 10 steps a busy machine let the
     # last runs finish between the check below and the signal: exit 0, not 130).
-    grid = sweep.expand_grid("custom", ["tiny"], [1e-3, 1e-2], ["baseline", "mu_center"])
+    grid = sweep.expand_grid("custom", sizes=["tiny"], lrs=[1e-3, 1e-2],
+                             heads=["baseline", "mu_center"])
     names = [run.name for run in grid]
 
     def state():
