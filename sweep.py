@@ -280,10 +280,11 @@ def check_out(out):
 # launching: locally (one or several at a time) or as a SLURM job array
 
 def train_command(run, out, extra_args, nproc_per_node=1):
-    """The command line of one local run; --resume where an earlier attempt left a checkpoint."""
+    """The command line of one local run; --resume where an earlier attempt left files (killed
+    before its first checkpoint, it left config.json: train.py then starts at step 0)."""
     run_dir = Path(out) / run.name
     args = [str(TRAIN_PY), *run.train_args(), "--out_dir", str(run_dir), *extra_args]
-    args += ["--resume"] if (run_dir / "ckpt.pt").exists() else []
+    args += ["--resume"] if run_dir.is_dir() and any(run_dir.iterdir()) else []
     if nproc_per_node > 1:  # torchrun picks a free port itself with --standalone
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={nproc_per_node}", *args]
@@ -372,7 +373,7 @@ RUN_LIST={run_list}
 eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST"))"
 RUN_DIR="${{RUN[0]}}"
 if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
-RESUME=""; if [ -f "$RUN_DIR/ckpt.pt" ]; then RESUME="--resume"; fi
+RESUME=""; if [ -n "$(ls -A "$RUN_DIR" 2>/dev/null)" ]; then RESUME="--resume"; fi
 # no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
 NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD_NODE=${{NODES%%$'\\n'*}}

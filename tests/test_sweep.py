@@ -820,6 +820,11 @@ def test_local_commands_resume_and_pin_gpus(tmp_path, capsys):
     assert printed[0] == "sweep: 3 runs in the grid, 1 finished, 2 to do"
     assert printed[1].endswith(f"--out_dir {interrupted} --device cpu --resume")
     assert printed[2].endswith(f"--out_dir {out / 'tiny_baseline_lr0.1_tie0'} --device cpu")
+    killed_early = out / "tiny_baseline_lr0.1_tie0"  # killed before its first checkpoint
+    killed_early.mkdir()
+    (killed_early / "config.json").write_text("{}")
+    assert sweep.main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[2].endswith("--device cpu --resume")
     assert sweep.main(argv + ["--nproc_per_node", "2"]) == 0
     assert " -m torch.distributed.run --standalone --nproc_per_node=2 " in capsys.readouterr().out
     assert sweep.gpu_slots("0,1,2,3", 2) == ["0,1", "2,3"] and sweep.gpu_slots(None, 1) == [None]
