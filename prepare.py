@@ -1,7 +1,6 @@
 """Token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
 
-Each source ends as a dataset folder of data.py shards that store.py writes whole, so train.py
-reads them all alike (README "Data" says how each is made; `python prepare.py --help`):
+Each ends as a folder of data.py shards that store.py writes whole (README "Data" says how):
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
     python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
@@ -79,9 +78,8 @@ def gpt2_encoding():
             for name, path in zip(GPT2_FILES, seeded):
                 shutil.copyfile(GPT2_SHIPPED / name, path)
             os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)
-            print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); "
-                  f"using the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})",
-                  flush=True)
+            print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); using "
+                  f"the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})", flush=True)
             return tiktoken.get_encoding("gpt2")
     raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
                        f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a folder "
@@ -193,8 +191,7 @@ def _text_key(texts, val_fraction):
 # (k = 1) are independent streams, so the matrix does not depend on --tokens.
 def synthesize_repeat(vocab, n_tokens, seq_len, seed):
     """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT:
-    P(y = x) = 1 inside a sequence. With RoPE a model cannot single out a row's last target
-    (the next sequence's token), so its floor is one constant prediction's loss (analyze.py)."""
+    P(y = x) = 1 inside a sequence (its loss floor: experiments/geometry's repeat_floor)."""
     choices = np.setdiff1d(np.arange(vocab), [data.EOT])
     firsts = np.random.default_rng([seed, 1]).choice(choices, size=n_tokens // seq_len)
     return np.repeat(firsts.astype(np.uint16), seq_len)      # 2 bytes per token, no more
@@ -211,15 +208,11 @@ def markov_transition(vocab, seed):
     return P / P.sum(axis=1, keepdims=True)
 
 
-def markov_stationary(P, tol=1e-13):
-    """π with π P = π and Σπ = 1, by power iteration (fast: random dense rows mix at once)."""
-    pi = np.full(len(P), 1.0 / len(P))
-    for _ in range(100_000):
-        nxt = pi @ P
-        if np.abs(nxt - pi).sum() < tol:
-            break
-        pi = nxt
-    return nxt / nxt.sum()
+def markov_stationary(P):
+    """π with π P = π and Σπ = 1: solves (Pᵀ − I) π = 0 with its last equation made Σπ = 1."""
+    A = P.T - np.eye(len(P))
+    A[-1] = 1.0
+    return np.linalg.solve(A, np.eye(len(P))[-1])
 
 
 def synthesize_markov(P, n_tokens, seed):
@@ -254,15 +247,13 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     if task == "repeat":
         tokens, extras = synthesize_repeat(vocab, n_tokens, seq_len, seed), {}
         summary = "the next token is the current one except at each sequence's end"
-    elif task == "markov":
+    else:                                                 # markov: parse_args offers the two
         P = markov_transition(vocab, seed)
         pi = markov_stationary(P)
         tokens = synthesize_markov(P, n_tokens, seed)
         extras = {"markov_transition.npy": _npy_bytes(P), "markov_stationary.npy": _npy_bytes(pi)}
         rate = -(pi[:, None] * P * np.log(P)).sum()      # H = −Σᵢ πᵢ Σⱼ Pᵢⱼ ln Pᵢⱼ nats
         summary = f"entropy rate (best possible loss) {rate:.4f} nats"
-    else:
-        raise ValueError(f"unknown synthetic task {task!r}; choose 'repeat' or 'markov'")
     source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
               "val_fraction": val_fraction}
     splits = _split_train_val(tokens, val_fraction, align=seq_len)
@@ -317,15 +308,13 @@ def prepare_renumbered(source_dir, out_dir):
 
 
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
-    """Train shards a run of `tokens` training tokens reads, at most all the dataset holds (a
-    longer run wraps around): the paper's 13.1B tokens need 132 of FineWeb100B's 1028."""
+    """Train shards a run of `tokens` training tokens reads, at most all (a longer run wraps)."""
     return min(math.ceil(tokens / data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
 
 
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder (from
-    base_url, else $FINEWEB_BASE_URL, else Hugging Face), each recorded in the manifest as it
-    comes; shards already there are kept, unrecorded ones (an older prepare.py's) checked."""
+    """Download the val shard and train shards 1‥N into folder (from base_url, else
+    $FINEWEB_BASE_URL, else HF), each recorded as it comes; unrecorded ones there are checked."""
     repo, available = FINEWEB_DATASETS[dataset]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
@@ -510,17 +499,14 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    run = {"fineweb": lambda: fetch_fineweb(args.out or f"data/{args.dataset}", args.dataset,
+                                            args.shards, args.base_url),
+           "text": lambda: prepare_text(args.files, args.out, args.val_fraction, args.workers),
+           "renumber": lambda: prepare_renumbered(args.source, args.out),
+           "synthetic": lambda: prepare_synthetic(args.task, args.vocab, args.tokens, args.out,
+                                                  args.seed, args.seq_len, args.val_fraction)}
     try:
-        if args.command == "fineweb":
-            fetch_fineweb(args.out or f"data/{args.dataset}", args.dataset, args.shards,
-                          args.base_url)
-        elif args.command == "text":
-            prepare_text(args.files, args.out, args.val_fraction, args.workers)
-        elif args.command == "renumber":
-            prepare_renumbered(args.source, args.out)
-        else:
-            prepare_synthetic(args.task, args.vocab, args.tokens, args.out, args.seed,
-                              args.seq_len, args.val_fraction)
+        run[args.command]()
     except (ValueError, RuntimeError, OSError) as err:  # user-caused: one sentence, no traceback
         raise SystemExit(f"prepare.py {args.command}: error: {err}") from None
 
