@@ -5,9 +5,9 @@
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
     python bench.py --device cpu --no_train --measure    # a log step, an evaluation, final stats
 
-Each variant (size × head × loss path) is built as train.py builds it, timed on random tokens
-between device syncs: warm-up steps (the first compiles), --steps steps alone, then in turns with
-the size's others, the order rotating; peak memory in one more run. Busy CPU: OMP_NUM_THREADS=1.
+Each variant (size × head × loss path), built as train.py does, is timed on random tokens between
+device syncs: warm-up steps (the first compiles), --steps steps alone, then in turns with the
+size's others, the order rotating; peak memory in one more run. Busy CPU: OMP_NUM_THREADS=1.
 """
 import argparse
 import contextlib
@@ -96,9 +96,6 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     token, a step's ids and a float32 activation per layer; the head alone's h, grad, logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
-    def unit(n):  # GiB to EiB: what a machine holds
-        exponent = min(max(3, (max(n, 1).bit_length() - 1) // 10), 6)  # ⌊log₁₀₂₄ n⌋
-        return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
     for need, what, lower in [
             ((not args.no_train or args.measure) * tokens * (16 + 4 * dim * cfg["n_layer"]),
              f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {tokens:,} tokens "
@@ -106,8 +103,8 @@ def refuse_what_cannot_fit(args, size, device_type, error):
             (args.loss_tokens * (8 * dim + 8 + 8 * args.vocab_size), f"--loss_tokens "
              f"{args.loss_tokens:,} (V = {args.vocab_size}, D = {dim})", "--loss_tokens")]:
         if need > have:
-            error(f"{what} at {size} would need at least {unit(need)} of memory, but the "
-                  f"{device_type} has {unit(have)}; lower {lower}")
+            error(f"{what} at {size} would need at least {need / 2**30:,.1f} GiB of memory, but "
+                  f"the {device_type} has {have / 2**30:,.1f} GiB; lower {lower}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,9 +116,8 @@ def _rss_kib(field):
 
 
 def _release_free_heap():
-    """Give memory that glibc's malloc keeps after a free back to the OS, so that reusing it
-    shows in the resident set again (without this a chunk buffer reused from the heap reads as
-    0 bytes). No-op without glibc."""
+    """Return the heap glibc keeps after a free to the OS, so reusing it shows in the RSS again
+    (else a chunk buffer reused from the heap reads as 0 bytes); a no-op without glibc."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -129,14 +125,12 @@ def _release_free_heap():
 
 
 def peak_memory(device, work, reserved=False):
-    """Peak memory of one run of work() above what was held when it started, in bytes, or
-    None where it cannot be measured (a CPU without Linux's /proc). Measured apart from the
-    timed runs: on CPU it first releases the free heap, which makes the next run cold.
-    With reserved, (that peak, the caching allocator's): on CUDA, torch.cuda.max_memory_reserved
-    above the start after empty_cache, what the process held from the driver at the peak
-    (allocated + the allocator's slack: what decides whether runs side by side fit); on a CPU
-    None, the RSS growth being already all it held."""
+    """Peak memory of one run of work() above what was held when it started, in bytes (None on
+    a CPU without Linux's /proc); apart from the timed runs, as on CPU it first releases the free
+    heap. reserved: (that peak, CUDA's max_memory_reserved above the start after empty_cache, the
+    allocated + the allocator's slack that decides whether runs side by side fit; None on CPU)."""
     runs.sync(device)
+    peak = held = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -144,15 +138,14 @@ def peak_memory(device, work, reserved=False):
         work()
         runs.sync(device)
         peak = torch.cuda.max_memory_allocated(device) - start[0]
-        return (peak, torch.cuda.max_memory_reserved(device) - start[1]) if reserved else peak
-    if not Path("/proc/self/clear_refs").exists():
-        return (None, None) if reserved else None
-    _release_free_heap()
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-    start = _rss_kib("VmRSS")
-    work()
-    peak = 1024 * (_rss_kib("VmHWM") - start)
-    return (peak, None) if reserved else peak
+        held = torch.cuda.max_memory_reserved(device) - start[1]
+    elif Path("/proc/self/clear_refs").exists():
+        _release_free_heap()
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        start = _rss_kib("VmRSS")
+        work()
+        peak = 1024 * (_rss_kib("VmHWM") - start)
+    return (peak, held) if reserved else peak
 
 
 def timed(device, work, n=1):

@@ -1,5 +1,4 @@
-"""A dataset (data.py shards and a manifest) checked whole and written whole, as README "Data"
-describes; the project's atomic writes and command-line number types (`python store.py --help`):
+"""Datasets (shards and a manifest, README "Data") checked and written whole; atomic writes.
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
@@ -29,7 +28,7 @@ HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on e
 
 def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
     """Verify the folder as one dataset (hashing it if ≤ hash_bytes); returns a fingerprint of its
-    files' names, sizes and recorded sha256s (sizes alone with no manifest): content, not paths."""
+    files' names, sizes and sha256s (sizes alone with no manifest): content, not paths."""
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
         raise ValueError(f"{folder} was left half-written by an interrupted prepare.py; run the "
@@ -169,17 +168,16 @@ class WatchedFile(io.FileIO):
 
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0
-        try:
-            while done < len(view):
-                done += os.write(self.fileno(), view[done:])
-        except OSError as err:
-            self.error = err
-            raise write_error(err, self.name) from None
+        while done < len(view):
+            done += self._watched(os.write, self.fileno(), view[done:])
         return done
 
     def sync(self):
+        self._watched(os.fsync, self.fileno())
+
+    def _watched(self, call, *args):
         try:
-            os.fsync(self.fileno())
+            return call(*args)
         except OSError as err:
             self.error = err
             raise write_error(err, self.name) from None
@@ -349,9 +347,8 @@ def command_parser(doc):
 
 def parse_args(argv=None):
     p, sub = command_parser(__doc__)
-    c = sub.add_parser("check", help="verify a dataset folder, every hash, and print its "
-                                     "fingerprint (writes a manifest if it has none)")
-    c.add_argument("folder")
+    sub.add_parser("check", help="verify a dataset folder, every hash, and print its fingerprint "
+                   "(writes a manifest if it has none)").add_argument("folder")
     b = sub.add_parser("bench", help="measure the loader's read rate")
     b.add_argument("--data", required=True, help="a dataset folder")
     b.add_argument("--batch_size", type=positive_int, default=64)
