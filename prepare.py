@@ -35,10 +35,8 @@ FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),  # (Hugging Fac
 DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
 DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
 BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)
-DOWNLOAD_TIMEOUT_S = 60
 DOWNLOAD_RETRIES = 5                  # resumed attempts after a transfer breaks off
 VAL_FRACTION = 0.1                    # share of tokens put in the val shard by `text`/`synthetic`
-PIECE_CHARS = 1_000_000               # text piece handed to one tokenizer process
 MARKOV_ALPHA = 0.2                    # Dirichlet concentration of each transition row
 MARKOV_MAX_VOCAB = 4096               # the V×V float64 matrix stays ≤ 128 MiB
 MARKOV_CHAIN_TOKENS = 100_000         # tokens per independent chain (see synthesize_markov)
@@ -91,7 +89,7 @@ def _gpt2_cache_name(name):
     return hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()
 
 
-def text_pieces(text, max_chars=PIECE_CHARS):
+def text_pieces(text, max_chars=1_000_000):
     """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, before newlines that
     follow a non-space. GPT-2's pre-tokenizer regex has no look-behind and carries no letter,
     digit or punctuation on into whitespace, so the pieces' tokens are the whole text's."""
@@ -331,11 +329,8 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
         if entry and path.is_file() and path.stat().st_size == entry["bytes"]:
             continue
         if entry is None and path.is_file():
-            try:
+            with contextlib.suppress(ValueError):  # not a shard: fetched again, renamed over it
                 data.shard_length(path)
-            except ValueError:
-                path.unlink()                  # a bad complete file: fetch it again
-            else:
                 print(f"{label}: already here, recorded in the manifest")
                 store.write_manifest(folder, source)
                 continue
@@ -392,6 +387,12 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
         self.headers.append(headers)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
+    def announced_sha256(self, final):
+        """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
+        values = [(headers.get(field) or "").removeprefix("W/").strip('"').lower()
+                  for field in ("X-Linked-Etag", "ETag") for headers in self.headers + [final]]
+        return next((value for value in values if re.fullmatch(r"[0-9a-f]{64}", value)), None)
+
 
 def _transfer(url, part, have, label):
     """Append url's bytes from `have` on to `part`; returns (full size, sha256 stated), or None."""
@@ -400,13 +401,13 @@ def _transfer(url, part, have, label):
         request.add_header("Range", f"bytes={have}-")
     redirects = _RecordRedirects()
     try:
-        response = urllib.request.build_opener(redirects).open(request, timeout=DOWNLOAD_TIMEOUT_S)
+        response = urllib.request.build_opener(redirects).open(request, timeout=60)
     except urllib.error.HTTPError as err:
         if err.code == 416:                    # the part already holds the whole file
             return have, None
         raise
     with response:
-        announced = _announced_sha256(redirects.headers + [response.headers])
+        announced = redirects.announced_sha256(response.headers)
         resumed = response.status == 206
         length = response.headers.get("Content-Length")
         total = _resumed_total(url, response.headers, have) if resumed else \
@@ -438,16 +439,6 @@ def _resumed_total(url, headers, have):
         raise ValueError(f"{url} answered a request for its bytes from {have} with Content-Range "
                          f"{headers.get('Content-Range')!r}; run again, or use another --base_url")
     return int(match[3]) if match[3] != "*" else None
-
-
-def _announced_sha256(header_sets):
-    """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
-    for field in ("X-Linked-Etag", "ETag"):
-        for headers in header_sets:
-            value = (headers.get(field) or "").removeprefix("W/").strip('"').lower()
-            if re.fullmatch(r"[0-9a-f]{64}", value):
-                return value
-    return None
 
 
 def _print_progress(label, done, total, rate):
