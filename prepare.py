@@ -1,6 +1,4 @@
-"""Token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
-
-Each ends as a folder of data.py shards that store.py writes whole (README "Data" says how):
+"""Token shards, written whole by store.py, of GPT-2 FineWeb, UTF-8 text or a synthetic language.
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
     python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
@@ -160,7 +158,6 @@ def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replac
                                   replace=replace)
     print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
           f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
-    return written
 
 
 def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
@@ -185,8 +182,7 @@ def _text_key(texts, val_fraction):
     return hashlib.sha256(description.encode()).hexdigest()
 
 
-# Each task draws from np.random.default_rng([seed, k]): the matrix (k = 0) and the tokens
-# (k = 1) are independent streams, so the matrix does not depend on --tokens.
+# np.random.default_rng([seed, 0]) draws the matrix, [seed, 1] the tokens: P is alike at any size
 def synthesize_repeat(vocab, n_tokens, seq_len, seed):
     """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT:
     P(y = x) = 1 inside a sequence (its loss floor: experiments/geometry's repeat_floor)."""
@@ -196,9 +192,8 @@ def synthesize_repeat(vocab, n_tokens, seq_len, seed):
 
 
 def markov_transition(vocab, seed):
-    """A random first-order Markov language: P[i, j] = P(next = j | token = i), V×V float64,
-    each row a symmetric Dirichlet(MARKOV_ALPHA) draw; all entries are positive, so the
-    chain is irreducible and aperiodic with one stationary distribution π."""
+    """A random Markov language P[i, j] = P(next = j | token = i), V×V float64, each row drawn from
+    a symmetric Dirichlet(MARKOV_ALPHA): all positive, so irreducible, aperiodic, one π."""
     if not 2 <= vocab <= MARKOV_MAX_VOCAB:
         raise ValueError(f"the markov task needs 2 ≤ --vocab ≤ {MARKOV_MAX_VOCAB} "
                          f"(its V×V matrix is stored), got {vocab}")
@@ -258,7 +253,6 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     written = store.write_dataset(out_dir, task, splits, source, extras)
     print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
           f"wrote {', '.join(map(str, written))}")
-    return written
 
 
 def _refuse_too_large(n_tokens, out_dir):
@@ -281,20 +275,17 @@ def _npy_bytes(array):
 
 def prepare_renumbered(source_dir, out_dir):
     """Copy source_dir with the ids its train split uses re-numbered 0 … V′−1 in order (their
-    old ids in renumber_ids.npy) and val tokens it never uses dropped; returns V′."""
+    old ids in renumber_ids.npy) and val tokens it never uses dropped."""
     if Path(source_dir).resolve() == Path(out_dir).resolve():
-        raise ValueError(f"--out {out_dir} is the source itself; give another folder, the "
-                         "source stays as it is")
+        raise ValueError(f"--out {out_dir} is the source itself; give another folder")
     store.check_dataset(source_dir)
     train, val = (np.concatenate([np.asarray(data.read_shard(path))
                                   for path in data.shard_paths(source_dir, split)])
                   for split in ("train", "val"))
-    used = np.unique(train)
-    new_id = np.full(np.iinfo(np.uint16).max + 1, -1, dtype=np.int32)
-    new_id[used] = np.arange(len(used))
-    val = new_id[val]
-    dropped = int((val < 0).sum())
-    splits = {"train": new_id[train].astype(np.uint16), "val": val[val >= 0].astype(np.uint16)}
+    used, train = np.unique(train, return_inverse=True)     # train[i] = the new id of its token
+    kept = val[np.isin(val, used)]
+    dropped = len(val) - len(kept)
+    splits = {"train": train.astype(np.uint16), "val": np.searchsorted(used, kept).astype(np.uint16)}
     source = {"kind": "renumbered", "from": str(source_dir), "vocab": len(used),
               "val_dropped": dropped}
     written = store.write_dataset(out_dir, "renumbered", splits, source,
@@ -302,7 +293,6 @@ def prepare_renumbered(source_dir, out_dir):
     print(f"renumber: {len(used):,} token ids in use, now 0 … {len(used) - 1} (train with "
           f"--vocab_size {len(used)}); dropped {dropped:,} of {len(val):,} validation tokens "
           f"that training never uses; wrote {', '.join(map(str, written))}")
-    return len(used)
 
 
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
@@ -338,7 +328,6 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
         store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
-    return [folder / name for name in names]
 
 
 def download_shard(url, path, label=""):
