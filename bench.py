@@ -3,7 +3,6 @@
     python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
     python bench.py --sizes 16M 221M --loss_paths plain default chunked --json out/bench.json
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
-    python bench.py --device cpu --no_train --measure    # a log step, an evaluation, final stats
 
 Each variant (size × head × loss path), built as train.py does, is timed on random tokens between
 device syncs: warm-up steps (the first compiles), --steps steps alone, then in turns with the
@@ -107,21 +106,16 @@ def refuse_what_cannot_fit(args, size, device_type, error):
                   f"the {device_type} has {have / 2**30:,.1f} GiB; lower {lower}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Peak memory of a piece of work, above what was held when it started
-
+# ---- Peak memory of a piece of work, above what was held when it started --------------------
 def _rss_kib(field):
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
+    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)[1])
 
 
 def _release_free_heap():
     """Return the heap glibc keeps after a free to the OS, so reusing it shows in the RSS again
     (else a chunk buffer reused from the heap reads as 0 bytes); a no-op without glibc."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def peak_memory(device, work, reserved=False):
@@ -211,11 +205,10 @@ def bench_size(args, size, publish):
     def rows(samples, timing):  # median step times, tokens/s and MFU beside extra[key]
         out = []
         for key, timings in samples.items():
-            seconds = statistics.median(timings)
-            flops = extra[key]["flops_per_token"] * tokens / seconds
+            seconds, flops = statistics.median(timings), extra[key]["flops_per_token"] * tokens
             out.append({"size": size, **dict(zip(("head", "loss_impl", "head_dtype"), key)),
                         **extra[key], "step_s": seconds, "tokens_per_s": tokens / seconds,
-                        "mfu": flops / peak if peak else None, "timing": timing})
+                        "mfu": flops / seconds / peak if peak else None, "timing": timing})
         add_relative(out, "step_s")
         return out
 
