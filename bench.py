@@ -112,17 +112,15 @@ def _rss_kib(field):
 
 
 def _release_free_heap():
-    """Return the heap glibc keeps after a free to the OS, so reusing it shows in the RSS again
-    (else a chunk buffer reused from the heap reads as 0 bytes); a no-op without glibc."""
+    """Return glibc's freed heap to the OS, else a buffer reused from it reads as 0 bytes of RSS."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def peak_memory(device, work, reserved=False):
-    """Peak memory of one run of work() above what was held when it started, in bytes (None on
-    a CPU without Linux's /proc); apart from the timed runs, as on CPU it first releases the free
-    heap. reserved: (that peak, CUDA's max_memory_reserved above the start after empty_cache, the
-    allocated + the allocator's slack that decides whether runs side by side fit; None on CPU)."""
+    """Peak bytes of one run of work() above what was held at its start (None on a CPU without
+    /proc), apart from timed runs (a CPU's free heap is released first). reserved: also CUDA's
+    max_memory_reserved above the start (allocated + slack: what fits side by side), None on CPU."""
     runs.sync(device)
     peak = held = None
     if device.type == "cuda":
@@ -248,7 +246,6 @@ def add_relative(rows, key):
 
 def bench_measure(args, size, publish):
     """One row, the baseline's: medians of --steps steps, log steps and evaluations; final stats."""
-    device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
     v = Variant(args, size, "baseline", "default", "auto")
     for warm_up in [v.run_step] * max(1, args.warmup) + [v.run_eval]:  # ≥ 1 step: the log reads it
@@ -260,7 +257,7 @@ def bench_measure(args, size, publish):
              "eval_s": v.run_eval,
              "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, v.ctx, v.amp, batches)}
     publish([{"size": size, "tokens": tokens, "stat_tokens": tokens * len(batches),
-              **{k: timed(device, w, 1 if k == "final_stats_s" else args.steps)
+              **{k: timed(v.device, w, 1 if k == "final_stats_s" else args.steps)
                  for k, w in works.items()}}])
 
 

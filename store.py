@@ -226,10 +226,9 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         fresh = not any(out_dir.iterdir())
-        if not fresh:
-            if not replace:
-                raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
-            refuse_foreign_shards(out_dir, prefix)
+        if not (fresh or replace):
+            raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
+        refuse_foreign_shards(out_dir, prefix)     # an empty folder holds none
         staging = _staging_folder(out_dir.parent if fresh else out_dir, out_dir.name)
         try:
             names = _write_files(staging, prefix, splits, extras or {})
@@ -366,7 +365,7 @@ def check_command(args):
 
 
 def bench_loader(args):
-    """`store.py bench`: tokens per second data.ShardLoader delivers (memory map → int64 tensors)."""
+    """`store.py bench`: the tokens per second data.ShardLoader delivers (memmap → int64)."""
     B, T, steps = args.batch_size, args.seq_len, args.steps
     loader = data.ShardLoader(args.data, B, T, order=args.data_order)
     loader.next_batch()                        # touch the first shard
