@@ -172,8 +172,7 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
     if (store.read_manifest(folder) or {}).get("source", {}).get("key") != key:
         raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
                          f"{', '.join(map(str, files))}; delete {folder} and run again")
-    store.check_dataset(folder)
-    return folder
+    return folder                  # checked whole by the caller (runs.make_ready: check_dataset)
 
 
 def _text_key(texts, val_fraction):
