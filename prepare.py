@@ -282,9 +282,9 @@ def prepare_renumbered(source_dir, out_dir):
                                   for path in data.shard_paths(source_dir, split)])
                   for split in ("train", "val"))
     used, train = np.unique(train, return_inverse=True)     # train[i] = the new id of its token
-    kept = val[np.isin(val, used)]
+    kept = np.searchsorted(used, val[np.isin(val, used)])  # new ids of the val tokens kept
     dropped = len(val) - len(kept)
-    splits = {"train": train.astype(np.uint16), "val": np.searchsorted(used, kept).astype(np.uint16)}
+    splits = {"train": train.astype(np.uint16), "val": kept.astype(np.uint16)}
     source = {"kind": "renumbered", "from": str(source_dir), "vocab": len(used),
               "val_dropped": dropped}
     written = store.write_dataset(out_dir, "renumbered", splits, source,
