@@ -3,11 +3,10 @@
     python bench.py --device cpu --sizes tiny --steps 10                  # seconds, on a laptop
     python bench.py --sizes 16M 221M --loss_paths plain default chunked --json out/bench.json
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
-    python bench.py --device cpu --no_train --measure    # a log step, an evaluation, final stats
 
-Each variant (size × head × loss path) is built as train.py builds it, timed on random tokens
-between device syncs: warm-up steps (the first compiles), --steps steps alone, then in turns with
-the size's others, the order rotating; peak memory in one more run. Busy CPU: OMP_NUM_THREADS=1.
+Each variant (size × head × loss path), built as train.py does, is timed on random tokens between
+device syncs: warm-up steps (the first compiles), --steps steps alone, then in turns with the
+size's others, the order rotating; peak memory in one more run. Busy CPU: OMP_NUM_THREADS=1.
 """
 import argparse
 import contextlib
@@ -96,9 +95,6 @@ def refuse_what_cannot_fit(args, size, device_type, error):
     token, a step's ids and a float32 activation per layer; the head alone's h, grad, logits."""
     have, cfg = device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
-    def unit(n):  # GiB to EiB: what a machine holds
-        exponent = min(max(3, (max(n, 1).bit_length() - 1) // 10), 6)  # ⌊log₁₀₂₄ n⌋
-        return f"{n / 1024 ** exponent:,.1f} {'GTPE'[exponent - 3]}iB"
     for need, what, lower in [
             ((not args.no_train or args.measure) * tokens * (16 + 4 * dim * cfg["n_layer"]),
              f"--micro_batch {args.micro_batch} × --seq_len {args.seq_len} = {tokens:,} tokens "
@@ -106,37 +102,27 @@ def refuse_what_cannot_fit(args, size, device_type, error):
             (args.loss_tokens * (8 * dim + 8 + 8 * args.vocab_size), f"--loss_tokens "
              f"{args.loss_tokens:,} (V = {args.vocab_size}, D = {dim})", "--loss_tokens")]:
         if need > have:
-            error(f"{what} at {size} would need at least {unit(need)} of memory, but the "
-                  f"{device_type} has {unit(have)}; lower {lower}")
+            error(f"{what} at {size} would need at least {need / 2**30:,.1f} GiB of memory, but "
+                  f"the {device_type} has {have / 2**30:,.1f} GiB; lower {lower}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Peak memory of a piece of work, above what was held when it started
-
+# ---- Peak memory of a piece of work, above what was held when it started --------------------
 def _rss_kib(field):
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
+    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)[1])
 
 
 def _release_free_heap():
-    """Give memory that glibc's malloc keeps after a free back to the OS, so that reusing it
-    shows in the resident set again (without this a chunk buffer reused from the heap reads as
-    0 bytes). No-op without glibc."""
-    try:
+    """Return glibc's freed heap to the OS, else a buffer reused from it reads as 0 bytes of RSS."""
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def peak_memory(device, work, reserved=False):
-    """Peak memory of one run of work() above what was held when it started, in bytes, or
-    None where it cannot be measured (a CPU without Linux's /proc). Measured apart from the
-    timed runs: on CPU it first releases the free heap, which makes the next run cold.
-    With reserved, (that peak, the caching allocator's): on CUDA, torch.cuda.max_memory_reserved
-    above the start after empty_cache, what the process held from the driver at the peak
-    (allocated + the allocator's slack: what decides whether runs side by side fit); on a CPU
-    None, the RSS growth being already all it held."""
+    """Peak bytes of one run of work() above what was held at its start (None on a CPU without
+    /proc), apart from timed runs (a CPU's free heap is released first). reserved: also CUDA's
+    max_memory_reserved above the start (allocated + slack: what fits side by side), None on CPU."""
     runs.sync(device)
+    peak = held = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -144,15 +130,14 @@ def peak_memory(device, work, reserved=False):
         work()
         runs.sync(device)
         peak = torch.cuda.max_memory_allocated(device) - start[0]
-        return (peak, torch.cuda.max_memory_reserved(device) - start[1]) if reserved else peak
-    if not Path("/proc/self/clear_refs").exists():
-        return (None, None) if reserved else None
-    _release_free_heap()
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-    start = _rss_kib("VmRSS")
-    work()
-    peak = 1024 * (_rss_kib("VmHWM") - start)
-    return (peak, None) if reserved else peak
+        held = torch.cuda.max_memory_reserved(device) - start[1]
+    elif Path("/proc/self/clear_refs").exists():
+        _release_free_heap()
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        start = _rss_kib("VmRSS")
+        work()
+        peak = 1024 * (_rss_kib("VmHWM") - start)
+    return (peak, held) if reserved else peak
 
 
 def timed(device, work, n=1):
@@ -218,11 +203,10 @@ def bench_size(args, size, publish):
     def rows(samples, timing):  # median step times, tokens/s and MFU beside extra[key]
         out = []
         for key, timings in samples.items():
-            seconds = statistics.median(timings)
-            flops = extra[key]["flops_per_token"] * tokens / seconds
+            seconds, flops = statistics.median(timings), extra[key]["flops_per_token"] * tokens
             out.append({"size": size, **dict(zip(("head", "loss_impl", "head_dtype"), key)),
                         **extra[key], "step_s": seconds, "tokens_per_s": tokens / seconds,
-                        "mfu": flops / peak if peak else None, "timing": timing})
+                        "mfu": flops / seconds / peak if peak else None, "timing": timing})
         add_relative(out, "step_s")
         return out
 
@@ -262,7 +246,6 @@ def add_relative(rows, key):
 
 def bench_measure(args, size, publish):
     """One row, the baseline's: medians of --steps steps, log steps and evaluations; final stats."""
-    device = torch.device(args.device)
     print(f"{size}, measurements against the training step …", flush=True)
     v = Variant(args, size, "baseline", "default", "auto")
     for warm_up in [v.run_step] * max(1, args.warmup) + [v.run_eval]:  # ≥ 1 step: the log reads it
@@ -274,7 +257,7 @@ def bench_measure(args, size, publish):
              "eval_s": v.run_eval,
              "final_stats_s": lambda: train.final_head_stats(v.raw, v.targs, v.ctx, v.amp, batches)}
     publish([{"size": size, "tokens": tokens, "stat_tokens": tokens * len(batches),
-              **{k: timed(device, w, 1 if k == "final_stats_s" else args.steps)
+              **{k: timed(v.device, w, 1 if k == "final_stats_s" else args.steps)
                  for k, w in works.items()}}])
 
 

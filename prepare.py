@@ -1,7 +1,4 @@
-"""Token shards from a source: GPT-2 FineWeb, any UTF-8 text, synthetic languages.
-
-Each source ends as a dataset folder of data.py shards that store.py writes whole, so train.py
-reads them all alike (README "Data" says how each is made; `python prepare.py --help`):
+"""Token shards, written whole by store.py, of GPT-2 FineWeb, UTF-8 text or a synthetic language.
 
     python prepare.py fineweb --shards 8                 GPT-2 FineWeb100B, 100M tokens per shard
     python prepare.py text FILES... --out data/mytext    any UTF-8 text, GPT-2 tokenizer
@@ -36,10 +33,8 @@ FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),  # (Hugging Fac
 DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
 DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
 BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)
-DOWNLOAD_TIMEOUT_S = 60
 DOWNLOAD_RETRIES = 5                  # resumed attempts after a transfer breaks off
 VAL_FRACTION = 0.1                    # share of tokens put in the val shard by `text`/`synthetic`
-PIECE_CHARS = 1_000_000               # text piece handed to one tokenizer process
 MARKOV_ALPHA = 0.2                    # Dirichlet concentration of each transition row
 MARKOV_MAX_VOCAB = 4096               # the V×V float64 matrix stays ≤ 128 MiB
 MARKOV_CHAIN_TOKENS = 100_000         # tokens per independent chain (see synthesize_markov)
@@ -79,9 +74,8 @@ def gpt2_encoding():
             for name, path in zip(GPT2_FILES, seeded):
                 shutil.copyfile(GPT2_SHIPPED / name, path)
             os.environ["TIKTOKEN_CACHE_DIR"] = str(GPT2_CACHE)
-            print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); "
-                  f"using the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})",
-                  flush=True)
+            print(f"the GPT-2 vocabulary could not be downloaded ({type(failure).__name__}); using "
+                  f"the copy shipped in tests/assets/gpt2 (cached in {GPT2_CACHE})", flush=True)
             return tiktoken.get_encoding("gpt2")
     raise RuntimeError(f"tiktoken could not load the GPT-2 vocabulary ({type(failure).__name__}); "
                        f"offline, copy {GPT2_VOCAB_URL}{{vocab.bpe,encoder.json}} into a folder "
@@ -93,7 +87,7 @@ def _gpt2_cache_name(name):
     return hashlib.sha1((GPT2_VOCAB_URL + name).encode()).hexdigest()
 
 
-def text_pieces(text, max_chars=PIECE_CHARS):
+def text_pieces(text, max_chars=1_000_000):
     """Cut text into pieces of about ≤ max_chars, for parallel tokenizing, before newlines that
     follow a non-space. GPT-2's pre-tokenizer regex has no look-behind and carries no letter,
     digit or punctuation on into whitespace, so the pieces' tokens are the whole text's."""
@@ -164,7 +158,6 @@ def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replac
                                   replace=replace)
     print(f"tokenized {len(files)} file(s): {len(tokens):,} tokens in {seconds:.2f} s "
           f"({len(tokens) / seconds:,.0f} tokens/s); wrote {', '.join(map(str, written))}")
-    return written
 
 
 def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
@@ -179,8 +172,7 @@ def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, worke
     if (store.read_manifest(folder) or {}).get("source", {}).get("key") != key:
         raise ValueError(f"the cached dataset {folder} does not hold the tokens of "
                          f"{', '.join(map(str, files))}; delete {folder} and run again")
-    store.check_dataset(folder)
-    return folder
+    return folder                  # checked whole by the caller (runs.make_ready: check_dataset)
 
 
 def _text_key(texts, val_fraction):
@@ -189,21 +181,18 @@ def _text_key(texts, val_fraction):
     return hashlib.sha256(description.encode()).hexdigest()
 
 
-# Each task draws from np.random.default_rng([seed, k]): the matrix (k = 0) and the tokens
-# (k = 1) are independent streams, so the matrix does not depend on --tokens.
+# np.random.default_rng([seed, 0]) draws the matrix, [seed, 1] the tokens: P is alike at any size
 def synthesize_repeat(vocab, n_tokens, seq_len, seed):
     """Sequences of seq_len copies of one token, drawn uniformly from [0, V) without EOT:
-    P(y = x) = 1 inside a sequence. With RoPE a model cannot single out a row's last target
-    (the next sequence's token), so its floor is one constant prediction's loss (analyze.py)."""
+    P(y = x) = 1 inside a sequence (its loss floor: experiments/geometry's repeat_floor)."""
     choices = np.setdiff1d(np.arange(vocab), [data.EOT])
     firsts = np.random.default_rng([seed, 1]).choice(choices, size=n_tokens // seq_len)
     return np.repeat(firsts.astype(np.uint16), seq_len)      # 2 bytes per token, no more
 
 
 def markov_transition(vocab, seed):
-    """A random first-order Markov language: P[i, j] = P(next = j | token = i), V×V float64,
-    each row a symmetric Dirichlet(MARKOV_ALPHA) draw; all entries are positive, so the
-    chain is irreducible and aperiodic with one stationary distribution π."""
+    """A random Markov language P[i, j] = P(next = j | token = i), V×V float64, each row drawn from
+    a symmetric Dirichlet(MARKOV_ALPHA): all positive, so irreducible, aperiodic, one π."""
     if not 2 <= vocab <= MARKOV_MAX_VOCAB:
         raise ValueError(f"the markov task needs 2 ≤ --vocab ≤ {MARKOV_MAX_VOCAB} "
                          f"(its V×V matrix is stored), got {vocab}")
@@ -211,15 +200,11 @@ def markov_transition(vocab, seed):
     return P / P.sum(axis=1, keepdims=True)
 
 
-def markov_stationary(P, tol=1e-13):
-    """π with π P = π and Σπ = 1, by power iteration (fast: random dense rows mix at once)."""
-    pi = np.full(len(P), 1.0 / len(P))
-    for _ in range(100_000):
-        nxt = pi @ P
-        if np.abs(nxt - pi).sum() < tol:
-            break
-        pi = nxt
-    return nxt / nxt.sum()
+def markov_stationary(P):
+    """π with π P = π and Σπ = 1: solves (Pᵀ − I) π = 0 with its last equation made Σπ = 1."""
+    A = P.T - np.eye(len(P))
+    A[-1] = 1.0
+    return np.linalg.solve(A, np.eye(len(P))[-1])
 
 
 def synthesize_markov(P, n_tokens, seed):
@@ -254,22 +239,19 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     if task == "repeat":
         tokens, extras = synthesize_repeat(vocab, n_tokens, seq_len, seed), {}
         summary = "the next token is the current one except at each sequence's end"
-    elif task == "markov":
+    else:                                                 # markov: parse_args offers the two
         P = markov_transition(vocab, seed)
         pi = markov_stationary(P)
         tokens = synthesize_markov(P, n_tokens, seed)
         extras = {"markov_transition.npy": _npy_bytes(P), "markov_stationary.npy": _npy_bytes(pi)}
         rate = -(pi[:, None] * P * np.log(P)).sum()      # H = −Σᵢ πᵢ Σⱼ Pᵢⱼ ln Pᵢⱼ nats
         summary = f"entropy rate (best possible loss) {rate:.4f} nats"
-    else:
-        raise ValueError(f"unknown synthetic task {task!r}; choose 'repeat' or 'markov'")
     source = {"kind": task, "vocab": vocab, "tokens": n_tokens, "seed": seed, "seq_len": seq_len,
               "val_fraction": val_fraction}
     splits = _split_train_val(tokens, val_fraction, align=seq_len)
     written = store.write_dataset(out_dir, task, splits, source, extras)
     print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
           f"wrote {', '.join(map(str, written))}")
-    return written
 
 
 def _refuse_too_large(n_tokens, out_dir):
@@ -292,20 +274,17 @@ def _npy_bytes(array):
 
 def prepare_renumbered(source_dir, out_dir):
     """Copy source_dir with the ids its train split uses re-numbered 0 … V′−1 in order (their
-    old ids in renumber_ids.npy) and val tokens it never uses dropped; returns V′."""
+    old ids in renumber_ids.npy) and val tokens it never uses dropped."""
     if Path(source_dir).resolve() == Path(out_dir).resolve():
-        raise ValueError(f"--out {out_dir} is the source itself; give another folder, the "
-                         "source stays as it is")
+        raise ValueError(f"--out {out_dir} is the source itself; give another folder")
     store.check_dataset(source_dir)
     train, val = (np.concatenate([np.asarray(data.read_shard(path))
                                   for path in data.shard_paths(source_dir, split)])
                   for split in ("train", "val"))
-    used = np.unique(train)
-    new_id = np.full(np.iinfo(np.uint16).max + 1, -1, dtype=np.int32)
-    new_id[used] = np.arange(len(used))
-    val = new_id[val]
-    dropped = int((val < 0).sum())
-    splits = {"train": new_id[train].astype(np.uint16), "val": val[val >= 0].astype(np.uint16)}
+    used, train = np.unique(train, return_inverse=True)     # train[i] = the new id of its token
+    kept = np.searchsorted(used, val[np.isin(val, used)])  # new ids of the val tokens kept
+    dropped = len(val) - len(kept)
+    splits = {"train": train.astype(np.uint16), "val": kept.astype(np.uint16)}
     source = {"kind": "renumbered", "from": str(source_dir), "vocab": len(used),
               "val_dropped": dropped}
     written = store.write_dataset(out_dir, "renumbered", splits, source,
@@ -313,19 +292,16 @@ def prepare_renumbered(source_dir, out_dir):
     print(f"renumber: {len(used):,} token ids in use, now 0 … {len(used) - 1} (train with "
           f"--vocab_size {len(used)}); dropped {dropped:,} of {len(val):,} validation tokens "
           f"that training never uses; wrote {', '.join(map(str, written))}")
-    return len(used)
 
 
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
-    """Train shards a run of `tokens` training tokens reads, at most all the dataset holds (a
-    longer run wraps around): the paper's 13.1B tokens need 132 of FineWeb100B's 1028."""
+    """Train shards a run of `tokens` training tokens reads, at most all (a longer run wraps)."""
     return min(math.ceil(tokens / data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
 
 
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download fineweb_val_000000.bin and fineweb_train_000001‥N.bin into folder (from
-    base_url, else $FINEWEB_BASE_URL, else Hugging Face), each recorded in the manifest as it
-    comes; shards already there are kept, unrecorded ones (an older prepare.py's) checked."""
+    """Download the val shard and train shards 1‥N into folder (from base_url, else
+    $FINEWEB_BASE_URL, else HF), each recorded as it comes; unrecorded ones there are checked."""
     repo, available = FINEWEB_DATASETS[dataset]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
@@ -342,11 +318,8 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
         if entry and path.is_file() and path.stat().st_size == entry["bytes"]:
             continue
         if entry is None and path.is_file():
-            try:
+            with contextlib.suppress(ValueError):  # not a shard: fetched again, renamed over it
                 data.shard_length(path)
-            except ValueError:
-                path.unlink()                  # a bad complete file: fetch it again
-            else:
                 print(f"{label}: already here, recorded in the manifest")
                 store.write_manifest(folder, source)
                 continue
@@ -354,7 +327,6 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
         store.write_manifest(folder, source, known={name: entry})
     tokens = sum(data.shard_length(folder / name) for name in names[1:])
     print(f"{folder}: {dataset} val shard and {train_shards} train shards ({tokens:,} tokens)")
-    return [folder / name for name in names]
 
 
 def download_shard(url, path, label=""):
@@ -403,6 +375,12 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
         self.headers.append(headers)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
+    def announced_sha256(self, final):
+        """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
+        values = [(headers.get(field) or "").removeprefix("W/").strip('"').lower()
+                  for field in ("X-Linked-Etag", "ETag") for headers in self.headers + [final]]
+        return next((value for value in values if re.fullmatch(r"[0-9a-f]{64}", value)), None)
+
 
 def _transfer(url, part, have, label):
     """Append url's bytes from `have` on to `part`; returns (full size, sha256 stated), or None."""
@@ -411,13 +389,13 @@ def _transfer(url, part, have, label):
         request.add_header("Range", f"bytes={have}-")
     redirects = _RecordRedirects()
     try:
-        response = urllib.request.build_opener(redirects).open(request, timeout=DOWNLOAD_TIMEOUT_S)
+        response = urllib.request.build_opener(redirects).open(request, timeout=60)
     except urllib.error.HTTPError as err:
         if err.code == 416:                    # the part already holds the whole file
             return have, None
         raise
     with response:
-        announced = _announced_sha256(redirects.headers + [response.headers])
+        announced = redirects.announced_sha256(response.headers)
         resumed = response.status == 206
         length = response.headers.get("Content-Length")
         total = _resumed_total(url, response.headers, have) if resumed else \
@@ -449,16 +427,6 @@ def _resumed_total(url, headers, have):
         raise ValueError(f"{url} answered a request for its bytes from {have} with Content-Range "
                          f"{headers.get('Content-Range')!r}; run again, or use another --base_url")
     return int(match[3]) if match[3] != "*" else None
-
-
-def _announced_sha256(header_sets):
-    """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
-    for field in ("X-Linked-Etag", "ETag"):
-        for headers in header_sets:
-            value = (headers.get(field) or "").removeprefix("W/").strip('"').lower()
-            if re.fullmatch(r"[0-9a-f]{64}", value):
-                return value
-    return None
 
 
 def _print_progress(label, done, total, rate):
@@ -510,17 +478,14 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    run = {"fineweb": lambda: fetch_fineweb(args.out or f"data/{args.dataset}", args.dataset,
+                                            args.shards, args.base_url),
+           "text": lambda: prepare_text(args.files, args.out, args.val_fraction, args.workers),
+           "renumber": lambda: prepare_renumbered(args.source, args.out),
+           "synthetic": lambda: prepare_synthetic(args.task, args.vocab, args.tokens, args.out,
+                                                  args.seed, args.seq_len, args.val_fraction)}
     try:
-        if args.command == "fineweb":
-            fetch_fineweb(args.out or f"data/{args.dataset}", args.dataset, args.shards,
-                          args.base_url)
-        elif args.command == "text":
-            prepare_text(args.files, args.out, args.val_fraction, args.workers)
-        elif args.command == "renumber":
-            prepare_renumbered(args.source, args.out)
-        else:
-            prepare_synthetic(args.task, args.vocab, args.tokens, args.out, args.seed,
-                              args.seq_len, args.val_fraction)
+        run[args.command]()
     except (ValueError, RuntimeError, OSError) as err:  # user-caused: one sentence, no traceback
         raise SystemExit(f"prepare.py {args.command}: error: {err}") from None
 

@@ -1,5 +1,4 @@
-"""A dataset (data.py shards and a manifest) checked whole and written whole, as README "Data"
-describes; the project's atomic writes and command-line number types (`python store.py --help`):
+"""Datasets (shards and a manifest, README "Data") checked and written whole; atomic writes.
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
@@ -13,7 +12,6 @@ import io
 import json
 import math
 import os
-import secrets
 import shutil
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on e
 
 def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
     """Verify the folder as one dataset (hashing it if ≤ hash_bytes); returns a fingerprint of its
-    files' names, sizes and recorded sha256s (sizes alone with no manifest): content, not paths."""
+    files' names, sizes and sha256s (sizes alone with no manifest): content, not paths."""
     folder = Path(folder)
     if (folder / INCOMPLETE).exists():
         raise ValueError(f"{folder} was left half-written by an interrupted prepare.py; run the "
@@ -145,7 +143,7 @@ def open_atomic(path):
     """A binary file that becomes `path` (temporary name, fsync, rename, fsync of the folder)
     only when the block ends without an error; a failed write raises a WriteError naming path."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         f = WatchedFile(tmp, "xb")
     except OSError as err:
@@ -169,17 +167,16 @@ class WatchedFile(io.FileIO):
 
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0
-        try:
-            while done < len(view):
-                done += os.write(self.fileno(), view[done:])
-        except OSError as err:
-            self.error = err
-            raise write_error(err, self.name) from None
+        while done < len(view):
+            done += self._watched(os.write, self.fileno(), view[done:])
         return done
 
     def sync(self):
+        self._watched(os.fsync, self.fileno())
+
+    def _watched(self, call, *args):
         try:
-            os.fsync(self.fileno())
+            return call(*args)
         except OSError as err:
             self.error = err
             raise write_error(err, self.name) from None
@@ -206,12 +203,9 @@ def write_error(err, path):
     """The one-sentence WriteError (or DiskFullError) for an OSError while writing path."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         mount = next(p for p in Path(path).resolve().parents if os.path.ismount(p))
-        error = DiskFullError(f"the disk is full: could not write {path} "
-                              f"({shutil.disk_usage(mount).free:,} bytes free on {mount})")
-    else:
-        error = WriteError(f"could not write {path} ({err.strerror or err})")
-    error.errno = err.errno
-    return error
+        return DiskFullError(f"the disk is full: could not write {path} "
+                             f"({shutil.disk_usage(mount).free:,} bytes free on {mount})")
+    return WriteError(f"could not write {path} ({err.strerror or err})")
 
 
 def make_folder(path):
@@ -232,10 +226,9 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         fresh = not any(out_dir.iterdir())
-        if not fresh:
-            if not replace:
-                raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
-            refuse_foreign_shards(out_dir, prefix)
+        if not (fresh or replace):
+            raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
+        refuse_foreign_shards(out_dir, prefix)     # an empty folder holds none
         staging = _staging_folder(out_dir.parent if fresh else out_dir, out_dir.name)
         try:
             names = _write_files(staging, prefix, splits, extras or {})
@@ -300,7 +293,7 @@ def _staging_folder(parent, name):
                 os.kill(int(old.name.rsplit(".", 3)[-3]), 0)  # signal 0: does the writer run?
             except ProcessLookupError:
                 shutil.rmtree(old, ignore_errors=True)
-    return make_folder(parent / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.staging")
+    return make_folder(parent / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.staging")
 
 
 def _swap_in(staging, out_dir, names, prefix):
@@ -349,9 +342,8 @@ def command_parser(doc):
 
 def parse_args(argv=None):
     p, sub = command_parser(__doc__)
-    c = sub.add_parser("check", help="verify a dataset folder, every hash, and print its "
-                                     "fingerprint (writes a manifest if it has none)")
-    c.add_argument("folder")
+    sub.add_parser("check", help="verify a dataset folder, every hash, and print its fingerprint "
+                   "(writes a manifest if it has none)").add_argument("folder")
     b = sub.add_parser("bench", help="measure the loader's read rate")
     b.add_argument("--data", required=True, help="a dataset folder")
     b.add_argument("--batch_size", type=positive_int, default=64)
@@ -361,9 +353,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def check_command(folder):
+def check_command(args):
     """`store.py check`: verify every hash; record a missing manifest or largest token ids."""
-    manifest = read_manifest(folder)
+    folder, manifest = args.folder, read_manifest(args.folder)
     check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
     if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
         write_manifest(folder, manifest["source"] if manifest else {"kind": "store.py check"})
@@ -372,26 +364,23 @@ def check_command(folder):
     print(f"{folder}: ok, fingerprint {check_dataset(folder, hash_bytes=0)}")
 
 
-def bench_loader(data_dir, batch_size=64, seq_len=1024, steps=200, order="sequential"):
-    """Tokens per second data.ShardLoader delivers (memory map → int64 tensors)."""
-    loader = data.ShardLoader(data_dir, batch_size, seq_len, order=order)
+def bench_loader(args):
+    """`store.py bench`: the tokens per second data.ShardLoader delivers (memmap → int64)."""
+    B, T, steps = args.batch_size, args.seq_len, args.steps
+    loader = data.ShardLoader(args.data, B, T, order=args.data_order)
     loader.next_batch()                        # touch the first shard
     t0 = time.perf_counter()
     for _ in range(steps):
         loader.next_batch()
-    rate = steps * batch_size * seq_len / (time.perf_counter() - t0)
-    print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {batch_size}×{seq_len} from "
-          f"{data_dir} train, {order} order)")
-    return rate
+    rate = steps * B * T / (time.perf_counter() - t0)
+    print(f"loader: {rate:,.0f} tokens/s ({steps} batches of {B}×{T} from {args.data} train, "
+          f"{args.data_order} order)")
 
 
 def main(argv=None):
     args = parse_args(argv)
     try:
-        if args.command == "check":
-            check_command(args.folder)
-        else:
-            bench_loader(args.data, args.batch_size, args.seq_len, args.steps, args.data_order)
+        {"check": check_command, "bench": bench_loader}[args.command](args)
     except (ValueError, RuntimeError, OSError) as err:  # user-caused: one sentence, no traceback
         raise SystemExit(f"store.py {args.command}: error: {err}") from None
 
