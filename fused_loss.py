@@ -1,13 +1,11 @@
 """The LM head's loss without the N × V logits: the same loss and gradients as heads.py's plain
-path, chunk by chunk of tokens. Imports only heads.py.
-
+path, chunk by chunk of tokens:
     head.loss_path = loss_path(chunk, device_type)     # train.py --loss_chunk (None: default)
     loss, stats = head(h, weight, targets)             # now chunked; same (loss, stats)
 
 The plain path keeps all N × V logits (and their softmax) for the backward pass. The loss is a
 scalar, so a chunk's gradient w.r.t. its logits is known once its softmax is: the forward folds
-it into ∂L/∂h and ∂L/∂W at once and reuses one C × V buffer for the next chunk (as torch ≥ 2.13's
-F.linear_cross_entropy does, which chunked_loss uses where it applies). How the paths compare:
+it into ∂L/∂h and ∂L/∂W at once and reuses one C × V buffer for the next chunk. How they compare:
     python bench.py --device cpu --no_train --loss_tokens 1024 --loss_paths plain default chunked
 """
 import functools
@@ -17,9 +15,8 @@ import torch.nn.functional as F
 
 import heads
 
-# Tokens per chunk of the default path per device type; 0 = the plain path. CPU: 64 (the bench
-# command above times it, --chunk_size N another). CUDA: the plain path, whose softmax
-# torch.compile fuses, until scripts/gpu_check.sh measures a chunked path faster.
+# Default tokens per chunk by device type (0: the plain path): CPU 64, timed by the bench command
+# above; CUDA plain (torch.compile fuses its softmax) until scripts/gpu_check.sh times one faster.
 DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
 # torch's fused op and its options class both arrived in torch 2.13; either missing: our loop
@@ -28,8 +25,7 @@ PLAIN_CE_HEADS = ("baseline", "mu_loss", "mu_center")  # nothing but CE inside t
 
 
 def loss_path(chunk_size, device_type):
-    """head.loss_path for train.py --loss_chunk: None → DEFAULT_CHUNK of the device type;
-    0 → None (heads.py's plain path); N → chunked_loss with N tokens per chunk."""
+    """head.loss_path for --loss_chunk: None → DEFAULT_CHUNK, 0 → None (the plain path), N → N."""
     chunk_size = DEFAULT_CHUNK.get(device_type, 0) if chunk_size is None else chunk_size
     return functools.partial(chunked_loss, chunk_size=chunk_size) if chunk_size else None
 
@@ -51,8 +47,7 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
     matmul_dtype = head.matmul_dtype or (torch.get_autocast_dtype(device)
                                          if torch.is_autocast_enabled(device)
                                          else torch.promote_types(h.dtype, weight.dtype))
-    # Decided here: inside Function.forward grad mode is off and ctx.needs_input_grad is True
-    # even under torch.no_grad(), so the Function would do a backward's work during evaluation.
+    # Not in Function.forward: there grad mode is off and needs_input_grad True under no_grad.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     use_torch_op = ((TORCH_OP if torch_op is None else torch_op) and head.name in PLAIN_CE_HEADS
                     and matmul_dtype in (torch.float32, torch.float64))
@@ -100,7 +95,7 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         w, h_low = weight.to(matmul_dtype), h.to(matmul_dtype)
         keep = targets != heads.IGNORE
         n = keep.sum().clamp(min=1).to(acc)  # 0 kept tokens: loss 0, as heads.token_mean
-        row_scale = keep.to(acc) / n  # g's row scale: 1/n for kept tokens, 0 for ignored ones
+        row_scale = (keep.to(acc) / n)[:, None]  # g's row scale: 1/n for kept tokens, 0 else
         logits = torch.empty(min(chunk_size, len(h)), len(w), dtype=acc, device=h.device)  # reused
         slope = torch.empty_like(logits) if cap is not None and want_grad else None
         sums = torch.zeros(2, dtype=acc, device=h.device)  # Σ CE, Σ log²Z over kept tokens
@@ -109,7 +104,7 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         for start in range(0, h.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             h_c = h_low[rows]
-            buf = logits[:h_c.shape[0]]
+            buf = logits[:len(h_c)]
             _matmul(h_c, w.t(), out=buf, alpha=1.0 if cap is None else 1 / cap)  # a or a/c
             g = _chunk_loss_and_grad(buf, targets[rows], keep[rows], row_scale[rows], cap, lam,
                                      sums, want_grad, None if slope is None else slope[:len(h_c)])
@@ -125,8 +120,7 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_ce, _grad_reg):
-        grad_h, grad_w = ctx.saved_tensors
-        return grad_loss * grad_h, grad_loss * grad_w, None, None, None, None, None, None
+        return (*(grad_loss * g for g in ctx.saved_tensors), None, None, None, None, None, None)
 
 
 def _matmul(a, b, out, accumulate=False, alpha=1.0):
@@ -159,7 +153,6 @@ def _chunk_loss_and_grad(logits, targets, keep, row_scale, cap, lam, sums, want_
     sums[1] += torch.where(keep, log_z.squeeze(1).square(), 0.0).sum()
     if not want_grad:
         return None
-    scale = row_scale.unsqueeze(1)
-    g = logits.mul_(scale * (1 + 2 * lam * log_z) / sum_exp)  # (1 + 2λ·log Z)·p/n
-    g.scatter_add_(1, target_col, -scale)  # − onehot/n
+    g = logits.mul_(row_scale * (1 + 2 * lam * log_z) / sum_exp)  # (1 + 2λ·log Z)·p/n
+    g.scatter_add_(1, target_col, -row_scale)  # − onehot/n
     return g.mul_(slope) if cap is not None else g

@@ -7,16 +7,14 @@ e*ᵢ = eᵢ − μ, lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h = lᵢ − l̄; B₋, B₊
 The verdict (this docstring is its one home; theorem4_audit has each step):
   • For h ∥ μ the equivalence is exact: it restates Eq. 26, B_ratio = max|e*ᵢ·μ| / max|eᵢ·μ|.
   • For h ⊥ μ, l* = l: the right side holds whatever B_ratio is (⇒ holds, ⇐ fails: E₃).
-  • For a given h otherwise both directions fail: ⇒ on E₂ (B_ratio = 1/3, h = (−1, 1):
-    max|l*| = 4/3 > 1 = max|l|), ⇐ on E₃ (B_ratio = 4/3, h = (1, 1): 5/3 < 2). None exists
-    for V = 2 (e*₁ = −e*₂) or D = 1 (l* = h·(eᵢ − μ): exactly the h ∥ μ case).
+  • For a given h otherwise both directions fail, ⇒ on E₂ and ⇐ on E₃ (theorem4_audit's rows);
+    none exists for V = 2 (e*₁ = −e*₂) or D = 1 (l* = h·(eᵢ − μ): exactly the h ∥ μ case).
   • Read "for every h", ⇒ still fails (E₂) and ⇐ holds, trivially: every h includes h = μ.
-  The proof breaks at Eq. 32, 34 and 35. What holds for every h: max|l*| ≤ max|l| ⇔
-  max|lᵢ − l̄| ≤ max|lᵢ| (Eq. 26 with eᵢ·h for eᵢ·μ), and max|l*| ≤ 2·max|l|; centering lowers
-  the mean square of the logits and of the row norms (by l̄² and ‖μ‖²), not their maximum (row
-  i's norm shrinks exactly when eᵢ·μ ≥ ‖μ‖²/2). So B_ratio ≤ 1 says that centering shrinks the
-  logit range along μ, not for every token; how often a random h gets a larger max|l*| grows
-  with B_ratio (`--b_ratio_scan` prints it per bin).
+  What holds for every h: max|l*| ≤ max|l| ⇔ max|lᵢ − l̄| ≤ max|lᵢ| (Eq. 26 with eᵢ·h for eᵢ·μ),
+  and max|l*| ≤ 2·max|l|; centering lowers the mean square of the logits and of the row norms (by
+  l̄² and ‖μ‖²), not their maximum (row i's norm shrinks exactly when eᵢ·μ ≥ ‖μ‖²/2). So
+  B_ratio ≤ 1 says that centering shrinks the logit range along μ, not for every token; how often
+  a random h gets a larger max|l*| grows with B_ratio (`--b_ratio_scan` prints it per bin).
 """
 import itertools
 import math
@@ -56,7 +54,7 @@ def exact_terms(E, h=None) -> dict:
                eq26=max(map(abs, dots_star)) / max(map(abs, dots)),
                norm_sq=max(dot(row, row) for row in e), norm_sq_star=max(norm_sq_star),
                eq32_split=max(parallel_sq) + max(n - p for n, p in zip(norm_sq_star, parallel_sq)),
-               eq33_parallel=max(parallel_sq) - max(d * d / mu_sq for d in dots),
+               eq33=max(parallel_sq) - max(d * d / mu_sq for d in dots),
                logit_mu=max(map(abs, dots)), logit_mu_star=max(map(abs, dots_star)))  # h = μ
     if h is not None:
         out.update(logit=max(abs(dot(row, h)) for row in e),
@@ -82,35 +80,31 @@ def theorem4_audit() -> list[dict]:
       (i) at h = μ the logits are eᵢ·μ and e*ᵢ·μ: Eq. 26 itself (E₃: 4/9 > 1/3)."""
     e0, e1, e2, e3 = exact_terms(E0), exact_terms(E1), exact_terms(E2, H2), exact_terms(E3, H3)
     loose = max(1, e1["b_plus"]) / max(1 - e1["mu_sq"], e1["b_plus"] + e1["mu_sq"])
-    mu_sq = e1["mu_sq"]  # 1/9, a rational square: ‖μ‖ is exact
-    mu_norm = Fraction(math.isqrt(mu_sq.numerator), math.isqrt(mu_sq.denominator))
+    mu_norm = Fraction(*map(math.isqrt, e1["mu_sq"].as_integer_ratio()))  # ‖μ‖² = 1/9: exact
     eq33_printed = e1["logit_mu_star"] / mu_norm - e1["logit_mu"]
     split = "max‖e*‖² = max‖e*∥‖² + max‖e*⊥‖²"
+    e2_logits = ("max|l*| ≤ max|l|", e2["logit_star"], "≤", e2["logit"])  # at h = H2
+    e3_b_ratio = ("B_ratio ≤ 1", e3["eq26"], "≤", 1)
     rows = [  # (step, example, claim, lhs, relation, rhs)
         ("Eq. 26", "E₁", "Eq. 13 = max|e*·μ| / max|e·μ|", e1["eq13"], "=", e1["eq26"]),
         ("Eq. 13, loose B₋", "E₁, B₋ = 1", "Eq. 13 = max|e*·μ| / max|e·μ|", loose, "=", e1["eq26"]),
         ("Eq. 32", "E₀", split, e0["norm_sq_star"], "=", e0["eq32_split"]),
         ("Eq. 32", "E₁", split, e1["norm_sq_star"], "=", e1["eq32_split"]),
-        ("Eq. 33, parallel parts", "E₁", "max(e*·μ̂)² − max(e·μ̂)² ≤ 0", e1["eq33_parallel"],
-         "≤", 0),
+        ("Eq. 33, parallel parts", "E₁", "max(e*·μ̂)² − max(e·μ̂)² ≤ 0", e1["eq33"], "≤", 0),
         ("Eq. 33 as printed", "E₁", "max|e*·μ̂| − max|e·μ| ≤ 0", eq33_printed, "≤", 0),
         ("Eq. 34", f"E₁, B_ratio = {e1['eq26']}", "max‖e*‖² ≤ max‖e‖²", e1["norm_sq_star"], "≤",
          e1["norm_sq"]),
         ("Eq. 34 → 35", f"E₂, h = {H2}, max‖e*‖² = {e2['norm_sq_star']} ≤ {e2['norm_sq']}",
-         "max|l*| ≤ max|l|", e2["logit_star"], "≤", e2["logit"]),
-        ("Eq. 14 ⇒", f"E₂, h = {H2}, B_ratio = {e2['eq26']}", "max|l*| ≤ max|l|",
-         e2["logit_star"], "≤", e2["logit"]),
-        ("Eq. 14 ⇐", f"E₃, h = {H3}, max|l*| = {e3['logit_star']} < {e3['logit']}",
-         "B_ratio ≤ 1", e3["eq26"], "≤", 1),
-        ("⇐ by reversing", f"E₃, max‖e*‖² = {e3['norm_sq_star']} ≤ {e3['norm_sq']}",
-         "B_ratio ≤ 1", e3["eq26"], "≤", 1),
+         *e2_logits),
+        ("Eq. 14 ⇒", f"E₂, h = {H2}, B_ratio = {e2['eq26']}", *e2_logits),
+        ("Eq. 14 ⇐", f"E₃, h = {H3}, max|l*| = {e3['logit_star']} < {e3['logit']}", *e3_b_ratio),
+        ("⇐ by reversing", f"E₃, max‖e*‖² = {e3['norm_sq_star']} ≤ {e3['norm_sq']}", *e3_b_ratio),
         ("(i) at h = μ", f"E₃, B_ratio = {e3['eq26']} > 1", "max|l*| > max|l|",
          e3["logit_mu_star"], ">", e3["logit_mu"]),
     ]
     holds = {"=": lambda a, b: a == b, "≤": lambda a, b: a <= b, ">": lambda a, b: a > b}
     return [dict(step=step, example=example, claim=claim, lhs=str(lhs), rhs=str(rhs),
-                 holds=holds[relation](lhs, rhs))
-            for step, example, claim, lhs, relation, rhs in rows]
+                 holds=holds[rel](lhs, rhs)) for step, example, claim, lhs, rel, rhs in rows]
 
 
 def exhaustive_search(entries: int = SEARCH_ENTRIES,
@@ -125,12 +119,12 @@ def exhaustive_search(entries: int = SEARCH_ENTRIES,
     W = W[W.sum(1).any(1)]                                          # μ ≠ 0
     s = W.sum(1)[:, None, :]                                        # 3μ, shaped like a row
     rows, rows_star = 3 * W, 3 * W - s                              # 3eᵢ, 3e*ᵢ
-    b_ratio_le_1 = (np.abs((rows_star * s).sum(2)).max(1)
-                    <= np.abs((rows * s).sum(2)).max(1))            # Eq. 26 ≤ 1
+    dots_star = (rows_star * s).sum(2)                              # 3e*ᵢ·3μ
+    b_ratio_le_1 = np.abs(dots_star).max(1) <= np.abs((rows * s).sum(2)).max(1)  # Eq. 26 ≤ 1
     norm_sq, norm_sq_star = (rows ** 2).sum(2), (rows_star ** 2).sum(2)
     norm_shrinks = norm_sq_star.max(1) <= norm_sq.max(1)            # Eq. 34's conclusion
     s_sq = (s ** 2).sum(2)
-    parallel = (rows_star * s).sum(2) ** 2                          # ‖s‖²·‖3e*ᵢ∥‖²
+    parallel = dots_star ** 2                          # ‖s‖²·‖3e*ᵢ∥‖²
     eq32_fails = s_sq[:, 0] * norm_sq_star.max(1) < parallel.max(1) + (
         s_sq * norm_sq_star - parallel).max(1)
     H = np.array([h for h in itertools.product(range(-h_entries, h_entries + 1), repeat=2)
@@ -148,12 +142,10 @@ def exhaustive_search(entries: int = SEARCH_ENTRIES,
     w_size, h_size = np.abs(W).sum((1, 2)), np.abs(H).sum(1)
     out = []
     for step, claim, premise, outcome in claims:
-        fails = premise[:, None] & outcome
-        found = dict(step=step, claim=claim, matrices=int(fails.any(1).sum()), W=None, h=None,
-                     size=None)
-        if found["matrices"]:
+        i, j = np.nonzero(premise[:, None] & outcome)  # the failing (W, h) pairs
+        found = dict(step=step, claim=claim, matrices=len(np.unique(i)), W=None, h=None, size=None)
+        if len(i):
             needs_h = outcome is not no_h
-            i, j = np.nonzero(fails)
             k = np.lexsort((h_size[j] * needs_h, w_size[i]))[0]       # smallest W, then h
             found.update(W=W[i[k]].tolist(), h=H[j[k]].tolist() if needs_h else None,
                          size=int(w_size[i[k]]))

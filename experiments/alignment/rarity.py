@@ -80,9 +80,7 @@ def run_rarity(args) -> dict:
                                                gpt.ln_f.weight.detach().double()))
     analyze.print_table(buckets, f"rarity: {analyze.describe(args, cfg, step)}; "
                         "aᵢ = eᵢ·μ̂/‖μ‖ by training count")
-    names = ("mu_norm", "target_reach", "target_reach_std", "B_ratio", "h_mean_norm",
-             "h_norm_rms", "ln_f_gain_norm", "h_mu_proj", "h_mu_cos")
-    analyze.print_table([dict(quantity=name, value=result[name]) for name in names],
+    analyze.print_table([dict(quantity=k, value=v) for k, v in result.items() if type(v) is float],
                 f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
     analyze.print_table(result["residual_top"], "the residual stream's largest coordinates: their "
                         "share of its mean square over the tokens, and the final LayerNorm's gain")
@@ -103,8 +101,7 @@ def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dic
 
 def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> None:
     """Each row's reach along μ against its token's training count; never-seen rows jittered."""
-    fig, (strip, ax) = analyze.new_axes(1, 2, sharey=True, figsize=(7.6, 4.4),
-                                        width_ratios=(1, 5))
+    fig, (strip, ax) = analyze.new_axes(1, 2, sharey=True, figsize=(7.6, 4.4), width_ratios=(1, 5))
     never = counts == 0
     strip.scatter(np.random.default_rng(0).uniform(-1, 1, never.sum()), reach[never], s=2,
                   alpha=0.3, color="tab:gray", linewidths=0)

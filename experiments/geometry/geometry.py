@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules these import
 sys.path.insert(0, str(ROOT))
@@ -28,22 +29,19 @@ def centred(A: torch.Tensor) -> torch.Tensor:
     return A - A.mean(0)
 
 
-def row_cosines(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:  # cos(aᵢ, bᵢ) per row i
-    return torch.nn.functional.cosine_similarity(A, B, dim=1, eps=1e-300)
-
-
 def alignment(A: torch.Tensor, B: torch.Tensor) -> dict:
     """How well the rows of A (n×d) map onto those of B (n×d'), both centred: the mean over rows
     of cos(aᵢ M, bᵢ) for M = I (identity, d = d'), the best rotation (procrustes, d = d':
     argmin_{MᵀM = I} ‖A M − B‖_F = U Vᵀ with U Σ Vᵀ = Aᵀ B, 1 for a rotated copy) and the best
     linear map (lstsq: argmin ‖A M − B‖_F, ≥ procrustes in fit, not in cosine)."""
     A, B = centred(A), centred(B)
+    cosine = lambda X: F.cosine_similarity(X, B, dim=1, eps=1e-300).mean().item()  # of xᵢ, bᵢ
     out = {}
     if A.shape[1] == B.shape[1]:
-        out["identity"] = row_cosines(A, B).mean().item()
+        out["identity"] = cosine(A)
         U, _, Vh = torch.linalg.svd(A.T @ B)
-        out["procrustes"] = row_cosines(A @ (U @ Vh), B).mean().item()
-    out["lstsq"] = row_cosines(A @ torch.linalg.lstsq(A, B).solution, B).mean().item()
+        out["procrustes"] = cosine(A @ (U @ Vh))
+    out["lstsq"] = cosine(A @ torch.linalg.lstsq(A, B).solution)
     return out
 
 
@@ -51,7 +49,7 @@ def knn_overlap(A: torch.Tensor, B: torch.Tensor, k: int = 10) -> float:
     """Mean over rows of |N_A(i) ∩ N_B(i)| / k, N(i) the k nearest other rows by cosine, rows
     centred; invariant under any rotation (and scaling) of either matrix: 1 for a rotated copy."""
     def neighbours(M):  # (n×k) indices
-        X = torch.nn.functional.normalize(centred(M), dim=1)
+        X = F.normalize(centred(M), dim=1)
         return (X @ X.T).fill_diagonal_(-math.inf).topk(k, dim=1).indices
     shared = (neighbours(A)[:, :, None] == neighbours(B)[:, None, :]).any(2).sum(1)
     return (shared.double() / k).mean().item()
@@ -77,8 +75,7 @@ def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
     """Pearson r of the off-diagonal entries of cos(xᵢ, xⱼ) and cos(yᵢ, yⱼ): 1 when the K×K
     similarity structures agree up to an affine map; centred inputs, lest μ make all similar."""
     i, j = torch.triu_indices(len(X), len(X), offset=1)
-    cosines = [(Z @ Z.T)[i, j] for Z in (torch.nn.functional.normalize(M, dim=1, eps=1e-300)
-                                         for M in (X, Y))]
+    cosines = [(Z @ Z.T)[i, j] for Z in (F.normalize(M, dim=1, eps=1e-300) for M in (X, Y))]
     return torch.corrcoef(torch.stack(cosines))[0, 1].item()
 
 
@@ -267,7 +264,6 @@ def run_trivial(args) -> dict:
 
 
 def run_script(script: Path, *argv) -> None:
-    """Run a project script in its own Python process; a failure ends this command."""
     code = subprocess.run([sys.executable, str(script), *map(str, argv)]).returncode
     if code:
         raise ValueError(f"{script.name} failed with exit code {code}; its message is above.")

@@ -107,13 +107,11 @@ def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
     optimizer = train.make_optimizer(model, argparse.Namespace(lr=lr))
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)
-    curve, losses, batch_iter = [], [], iter(batches)
-    for step in range(len(batches) + 1):
+    curve, losses = [dict(step=0, **measure_point(model, val, amp))], []
+    for step, batch in enumerate(batches, 1):  # train_step draws its one batch at once
+        losses.append(train.train_step(model, optimizer, lambda: batch, lr, 1, amp).loss.item())
         if step % measure_every == 0 or step == len(batches):
             curve.append(dict(step=step, **measure_point(model, val, amp)))
-        if step < len(batches):
-            losses.append(train.train_step(model, optimizer, lambda: next(batch_iter), lr, 1,
-                                           amp).loss.item())
     return dict(losses=losses, curve=curve)
 
 
@@ -155,8 +153,7 @@ def run_cell(job) -> str:
     torch.set_num_threads(1)
     args, condition, shift, seed = job
     ckpt, model = base_model(args, CONDITIONS[condition])
-    shift_rows(model, torch.tensor(json.loads((Path(args.work) / "shifts.json").read_text())
-                                   [shift]["c"], dtype=torch.float64))
+    shift_rows(model, torch.tensor(prepare_shifts(args)[shift]["c"], dtype=torch.float64))
     tokens = data.read_shard(data.shard_paths(args.data, "train")[0])
     batches = train_batches(tokens, seed, args.steps, BASE["batch_size"], BASE["seq_len"])
     start = time.perf_counter()
@@ -168,7 +165,6 @@ def run_cell(job) -> str:
 
 
 def prepare_shifts(args):
-    """shifts.json: each shift's c and the mean logit it gives on the validation windows."""
     path = Path(args.work) / "shifts.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -244,7 +240,6 @@ def write_csv(path: Path, rows: list[dict]):
 
 
 def write_results(args):
-    """runs.csv, gaps.csv, curves.csv and base.json in --out, from the work folder."""
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cells = [json.loads(p.read_text()) for p in sorted((work / "cells").glob("*.json"))]
@@ -253,7 +248,7 @@ def write_results(args):
     write_csv(out / "curves.csv", [dict(condition=c["condition"], shift=c["shift"],
                                         seed=c["seed"], **point)
                                    for c in cells for point in c["curve"]])
-    write_csv(out / "gaps.csv", gap_rows(rows, json.loads((work / "shifts.json").read_text())))
+    write_csv(out / "gaps.csv", gap_rows(rows, prepare_shifts(args)))  # written by run_all
     base = json.loads((work / "base" / "summary.json").read_text())
     write_json(out / "base.json", {k: base[k] for k in ("steps", "val_loss", "logit_mean",
                "logit_std", "mu_norm", "h_mu_proj", "h_mu_cos") if k in base})
@@ -287,7 +282,6 @@ def shift_label(shift: str) -> str:
 
 
 def report(out: Path, args):
-    """table.md, gap_vs_L.png and logit_mean_steps.png from the CSVs and base.json in out."""
     if missing := ", ".join(n for n in ("gaps.csv", "curves.csv", "base.json")
                             if not (out / n).exists()):
         raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
