@@ -130,9 +130,8 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
                retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
                suppressed_energy=1 - retained_energy, isotropic_energy=r / V,
-               isotropic_norm=math.sqrt(r / V), pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
-               rankD_energy=(sigma_sq[:D].sum() / total).item(),
-               rank2D_energy=rank2D, rank2D_cosine=math.sqrt(rank2D))
+               pooled_energy=(kept_sq.sum() / g_sq.sum()).item(), rank2D_cosine=math.sqrt(rank2D),
+               rankD_energy=(sigma_sq[:D].sum() / total).item(), rank2D_energy=rank2D)
     if H is not None:
         GW, HtG = G @ W, H.T @ G
         m_sq = (torch.trace(GW.T @ GW @ (W.T @ W)) + torch.trace(HtG @ HtG.T @ (H.T @ H))
@@ -384,10 +383,7 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 
 def offset(text: str, limit: float = 1e8) -> float:  # by 10⁹ the measured rounding overflows
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a mean logit L") from None
+    value = store.number(float, "a mean logit L", lambda v: True)(text)
     if not abs(value) <= limit:  # also NaN
         raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with "
                                          f"|L| ≤ {limit:g}")
