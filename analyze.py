@@ -434,9 +434,7 @@ def model_source(required: bool) -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     commands = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p, sub = store.command_parser(__doc__)
     command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0], parents=[
         shared_options()[1], model_source(name != "verify")]) for name, run in commands.items()}
     add = command["verify"].add_argument
