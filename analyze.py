@@ -130,9 +130,8 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     out = dict(tokens=N, vocab=V, rank=r, retained_norm=retained_norm,
                retained_energy=retained_energy, suppressed_norm=1 - retained_norm,
                suppressed_energy=1 - retained_energy, isotropic_energy=r / V,
-               isotropic_norm=math.sqrt(r / V), pooled_energy=(kept_sq.sum() / g_sq.sum()).item(),
-               rankD_energy=(sigma_sq[:D].sum() / total).item(),
-               rank2D_energy=rank2D, rank2D_cosine=math.sqrt(rank2D))
+               pooled_energy=(kept_sq.sum() / g_sq.sum()).item(), rank2D_cosine=math.sqrt(rank2D),
+               rankD_energy=(sigma_sq[:D].sum() / total).item(), rank2D_energy=rank2D)
     if H is not None:
         GW, HtG = G @ W, H.T @ G
         m_sq = (torch.trace(GW.T @ GW @ (W.T @ W)) + torch.trace(HtG @ HtG.T @ (H.T @ H))
@@ -266,7 +265,7 @@ def run_logits(args) -> dict:
     def precision(E):  # measure.precision_stat_sums over the tokens, as means
         sums = sum(measure.precision_stat_sums(gpt.head, h, E, y, dtype).cpu() for h, y in chunks)
         return dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
-    stats = sum(measure.logit_stat_sums(gpt.head.logits(h.double(), W)).cpu() for h, _ in chunks)
+    stats = sum(measure.logit_stats(gpt.head.logits(h.double(), W)).sum(1) for h, _ in chunks)
     h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   dtype=args.dtype, h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
@@ -384,10 +383,7 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
 
 
 def offset(text: str, limit: float = 1e8) -> float:  # by 10⁹ the measured rounding overflows
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a mean logit L") from None
+    value = store.number(float, "a mean logit L", lambda v: True)(text)
     if not abs(value) <= limit:  # also NaN
         raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with "
                                          f"|L| ≤ {limit:g}")
@@ -438,9 +434,7 @@ def model_source(required: bool) -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     commands = dict(verify=run_verify, logits=run_logits, bottleneck=run_bottleneck)
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p, sub = store.command_parser(__doc__)
     command = {name: sub.add_parser(name, help=run.__doc__.split("\n\n")[0], parents=[
         shared_options()[1], model_source(name != "verify")]) for name, run in commands.items()}
     add = command["verify"].add_argument

@@ -27,11 +27,6 @@ def logit_stats(logits):
                         torch.logsumexp(logits, dim=-1).square())).double()
 
 
-def logit_stat_sums(logits):
-    """logit_stats summed over tokens: (4,), to add over chunks and processes."""
-    return logit_stats(logits).sum(dim=1)
-
-
 @torch.no_grad()
 def precision_stats(head, h, weight, targets, dtype, chunk=64):
     """What a matmul in `dtype` (bf16 under autocast) costs the head, per token of h (N, D) with

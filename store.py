@@ -151,7 +151,7 @@ def open_atomic(path):
     try:
         with f:
             yield f
-            f.sync()
+            f.watched(os.fsync, f.fileno())
         rename(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -168,13 +168,10 @@ class WatchedFile(io.FileIO):
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0
         while done < len(view):
-            done += self._watched(os.write, self.fileno(), view[done:])
+            done += self.watched(os.write, self.fileno(), view[done:])
         return done
 
-    def sync(self):
-        self._watched(os.fsync, self.fileno())
-
-    def _watched(self, call, *args):
+    def watched(self, call, *args):
         try:
             return call(*args)
         except OSError as err:
@@ -311,7 +308,7 @@ def _swap_in(staging, out_dir, names, prefix):
     staging.rmdir()
 
 
-def _number(kind, rule, test):
+def number(kind, rule, test):
     """An argparse type: kind(text) that passes test, else one sentence giving the rule."""
     def parse(text):
         try:
@@ -324,11 +321,11 @@ def _number(kind, rule, test):
     return parse
 
 
-positive_int = _number(int, "an integer > 0", lambda v: v > 0)
-non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
-positive_float = _number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
-non_negative_float = _number(float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
-fraction = _number(float, "a number strictly between 0 and 1", lambda v: 0 < v < 1)
+positive_int = number(int, "an integer > 0", lambda v: v > 0)
+non_negative_int = number(int, "an integer >= 0", lambda v: v >= 0)
+positive_float = number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+non_negative_float = number(float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+fraction = number(float, "a number strictly between 0 and 1", lambda v: 0 < v < 1)
 
 
 def command_parser(doc):

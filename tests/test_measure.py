@@ -56,8 +56,6 @@ def test_logit_stats_are_within_the_stated_tolerance_of_float64(shift, dtype):
     got, want = measure.logit_stats(logits), reference_logit_stats(logits)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=LOGIT_REL * want[2].max().item())
     torch.testing.assert_close(got[1:], want[1:], rtol=LOGIT_REL, atol=0)
-    torch.testing.assert_close(measure.logit_stat_sums(logits)[1:], want.sum(1)[1:],
-                               rtol=LOGIT_REL, atol=0)
 
 
 @pytest.mark.parametrize("head", ["baseline", "soft_cap"])
