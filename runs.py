@@ -138,8 +138,9 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:  # Σ over processes, 
 
 
 # The data: made ready once per node, checked before any step
-def prepare_data(args, ctx: Dist):
-    """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier."""
+def open_data(args, ctx: Dist, say):
+    """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier;
+    then the rank's loader, the data's fingerprint (for --resume), token counts cut to the val's."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None  # gloo: NCCL's 10 minutes are too short for a download
     problem = make_ready(args) if ctx.local_rank == 0 else ""
@@ -150,6 +151,24 @@ def prepare_data(args, ctx: Dist):
         fail(problem or "preparing or checking the data failed on another process")
     if args.text and ctx.local_rank != 0:
         args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
+    try:
+        args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
+        loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
+                                  ctx.world_size, "train", args.data_order, args.seed)
+        val = [data.shard_length(path) for path in data.shard_paths(args.data, "val")]
+    except (FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
+    held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
+    if held == 0:
+        fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
+             f"evaluation step (processes × --micro_batch × --seq_len + 1)")
+    for name in ("eval_tokens", "stat_tokens"):
+        if getattr(args, name) > held:
+            say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
+                f"its {held:,} tokens")
+            setattr(args, name, held)
+    return loader
 
 
 def make_ready(args) -> str:
@@ -174,28 +193,6 @@ def make_ready(args) -> str:
         return ""
     except (RuntimeError, OSError, ValueError) as err:
         return str(err)
-
-
-def open_data(args, ctx: Dist, say):
-    """The rank's loader; the data's fingerprint (for --resume); token counts cut to the val's."""
-    try:
-        args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
-        loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
-                                  ctx.world_size, "train", args.data_order, args.seed)
-        val = [data.shard_length(path) for path in data.shard_paths(args.data, "val")]
-    except (FileNotFoundError, ValueError) as err:
-        fail(str(err))
-    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
-    held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
-    if held == 0:
-        fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
-             f"evaluation step (processes × --micro_batch × --seq_len + 1)")
-    for name in ("eval_tokens", "stat_tokens"):
-        if getattr(args, name) > held:
-            say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
-                f"its {held:,} tokens")
-            setattr(args, name, held)
-    return loader
 
 
 def val_batches(tokens: int, args, ctx: Dist):  # this rank's share, ≥ 1 micro-batch per rank
@@ -512,7 +509,6 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download
             check_run_folder(args, out, config={})
-        prepare_data(args, ctx)
         loader = open_data(args, ctx, say)
         config = dict(vars(args), world_size=ctx.world_size)
         finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides
