@@ -291,8 +291,7 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"a run to resume; choose another --out_dir")
     refuse_other_settings(out, recorded, config)
     if (out / "summary.json").exists():
-        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do; "
-              f"{TRAIN_LONGER}")
+        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do; {TRAIN_LONGER}")
         return False
     return True
 
@@ -420,6 +419,7 @@ class CompileWatch:
     LOGGER = logging.getLogger("torch._dynamo.convert_frame")
 
     def __init__(self):
+        torch._dynamo.config.suppress_errors = True  # what fails to compile runs eagerly
         self.failures = []
         self.LOGGER.addFilter(self)
 
@@ -530,9 +530,7 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
                 f"rounded otherwise")
         config["cpu_threads"] = choose_cpu_threads(ctx, recorded.get("cpu_threads"))
         # The wrappers share the model's parameters. A model that fails to compile runs eagerly
-        # (suppress_errors): the loop says so after the first step.
-        if args.compile:
-            torch._dynamo.config.suppress_errors = True
+        # (CompileWatch): the loop says so after the first step.
         compiled = torch.compile(model) if args.compile else model
         wrapped = compiled if ctx.world_size == 1 else \
             DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
