@@ -38,6 +38,8 @@ TRAIN_LONGER = "to train longer, start a new run (another --out_dir) with a larg
 # Dense bf16 peak FLOP/s of one GPU, first match in its name (NVL boards clock below SXM ones)
 PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
                    ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12))
+
+
 def fail(message: str):
     """Exit 1 with one sentence; every check runs on all ranks alike or on rank 0, which says it."""
     raise SystemExit(1 if int(os.environ.get("RANK", 0)) else f"train.py: error: {message}")
