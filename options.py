@@ -110,7 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if len(args.data) > 1 and not all(files):
         parser.error(f"--data takes one folder of shards or text files, not both; "
                      f"{args.data[files.index(False)]} is not a file")
-    args.text = args.data if all(files) else None  # tokenized into a folder by prepare_data
+    args.text = args.data if all(files) else None  # tokenized into a folder by runs.open_data
     args.data = None if args.text else args.data[0]
     if resolve_device(args, parser.error) != "cuda" and args.tf32:
         parser.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")

@@ -38,6 +38,8 @@ TRAIN_LONGER = "to train longer, start a new run (another --out_dir) with a larg
 # Dense bf16 peak FLOP/s of one GPU, first match in its name (NVL boards clock below SXM ones)
 PEAK_BF16_FLOPS = (("A100", 312e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
                    ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12))
+
+
 def fail(message: str):
     """Exit 1 with one sentence; every check runs on all ranks alike or on rank 0, which says it."""
     raise SystemExit(1 if int(os.environ.get("RANK", 0)) else f"train.py: error: {message}")
@@ -138,8 +140,9 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:  # Σ over processes, 
 
 
 # The data: made ready once per node, checked before any step
-def prepare_data(args, ctx: Dist):
-    """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier."""
+def open_data(args, ctx: Dist, say):
+    """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier;
+    then the rank's loader, the data's fingerprint (for --resume), token counts cut to the val's."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None  # gloo: NCCL's 10 minutes are too short for a download
     problem = make_ready(args) if ctx.local_rank == 0 else ""
@@ -150,6 +153,24 @@ def prepare_data(args, ctx: Dist):
         fail(problem or "preparing or checking the data failed on another process")
     if args.text and ctx.local_rank != 0:
         args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
+    try:
+        args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
+        loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
+                                  ctx.world_size, "train", args.data_order, args.seed)
+        val = [data.shard_length(path) for path in data.shard_paths(args.data, "val")]
+    except (FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
+    held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
+    if held == 0:
+        fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
+             f"evaluation step (processes × --micro_batch × --seq_len + 1)")
+    for name in ("eval_tokens", "stat_tokens"):
+        if getattr(args, name) > held:
+            say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
+                f"its {held:,} tokens")
+            setattr(args, name, held)
+    return loader
 
 
 def make_ready(args) -> str:
@@ -174,28 +195,6 @@ def make_ready(args) -> str:
         return ""
     except (RuntimeError, OSError, ValueError) as err:
         return str(err)
-
-
-def open_data(args, ctx: Dist, say):
-    """The rank's loader; the data's fingerprint (for --resume); token counts cut to the val's."""
-    try:
-        args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
-        loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
-                                  ctx.world_size, "train", args.data_order, args.seed)
-        val = [data.shard_length(path) for path in data.shard_paths(args.data, "val")]
-    except (FileNotFoundError, ValueError) as err:
-        fail(str(err))
-    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
-    held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
-    if held == 0:
-        fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
-             f"evaluation step (processes × --micro_batch × --seq_len + 1)")
-    for name in ("eval_tokens", "stat_tokens"):
-        if getattr(args, name) > held:
-            say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
-                f"its {held:,} tokens")
-            setattr(args, name, held)
-    return loader
 
 
 def val_batches(tokens: int, args, ctx: Dist):  # this rank's share, ≥ 1 micro-batch per rank
@@ -294,8 +293,7 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"a run to resume; choose another --out_dir")
     refuse_other_settings(out, recorded, config)
     if (out / "summary.json").exists():
-        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do; "
-              f"{TRAIN_LONGER}")
+        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do; {TRAIN_LONGER}")
         return False
     return True
 
@@ -423,6 +421,7 @@ class CompileWatch:
     LOGGER = logging.getLogger("torch._dynamo.convert_frame")
 
     def __init__(self):
+        torch._dynamo.config.suppress_errors = True  # what fails to compile runs eagerly
         self.failures = []
         self.LOGGER.addFilter(self)
 
@@ -512,7 +511,6 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
         if ctx.master and not args.resume:  # a folder holding a run is refused before a download
             check_run_folder(args, out, config={})
-        prepare_data(args, ctx)
         loader = open_data(args, ctx, say)
         config = dict(vars(args), world_size=ctx.world_size)
         finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides
@@ -534,9 +532,7 @@ def setup(args, ctx: Dist, say, build_model, make_optimizer):
                 f"rounded otherwise")
         config["cpu_threads"] = choose_cpu_threads(ctx, recorded.get("cpu_threads"))
         # The wrappers share the model's parameters. A model that fails to compile runs eagerly
-        # (suppress_errors): the loop says so after the first step.
-        if args.compile:
-            torch._dynamo.config.suppress_errors = True
+        # (CompileWatch): the loop says so after the first step.
         compiled = torch.compile(model) if args.compile else model
         wrapped = compiled if ctx.world_size == 1 else \
             DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
