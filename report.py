@@ -152,10 +152,6 @@ def variant_label(variant, show_lam=False):
 # -----------------------------------------------------------------------------
 # reading a results CSV (sweep.py collect writes ours from the run folders)
 
-def csv_cell(value):  # empty for None, true/false, floats in full
-    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def regular_file(path, hint):  # path if a regular file (a pipe would block); hint ends the error
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; {hint}")
@@ -337,14 +333,18 @@ TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "o
                      "lrs", "lrs_mean", "train_time_s", "extra_time")
 
 
-def table_csv(cells, mean="published"):
+def csv_text(header, rows):  # a cell empty for None, true/false, a float in full (repr)
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(TABLE_CSV_COLUMNS)
-    writer.writerows([csv_cell(v) for v in (c.tie, c.size, c.head, c.lam, c.cap, len(c.lrs),
-                                            c.best_lr, c.optimal_loss, c.lrs_value, mean,
-                                            c.train_time_s, extra_time(c, cells))] for c in cells)
+    csv.writer(buffer, lineterminator="\n").writerows([header, *(
+        ["" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in row]
+        for row in rows)])
     return buffer.getvalue()
+
+
+def table_csv(cells, mean="published"):
+    return csv_text(TABLE_CSV_COLUMNS, [(c.tie, c.size, c.head, c.lam, c.cap, len(c.lrs), c.best_lr,
+                                         c.optimal_loss, c.lrs_value, mean, c.train_time_s,
+                                         extra_time(c, cells)) for c in cells])
 
 
 # -----------------------------------------------------------------------------

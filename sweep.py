@@ -8,8 +8,6 @@ the others and, before anything starts, refuses folders of other settings.
 """
 import argparse
 import contextlib
-import csv
-import io
 import json
 import os
 import shlex
@@ -161,9 +159,7 @@ def results_csv(run_root):
     if not summaries:
         raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
                                 f"... --out {run_root}` first")
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-    writer.writeheader()
+    rows = []
     for path in summaries:
         summary = json_object(path)
         needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
@@ -174,8 +170,8 @@ def results_csv(run_root):
         row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
         row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
                    run=str(path.parent.relative_to(run_root)))                     # names
-        writer.writerow({column: report.csv_cell(value) for column, value in row.items()})
-    return buffer.getvalue()
+        rows.append(row.values())
+    return report.csv_text(RESULT_COLUMNS, rows)
 
 
 def read_log(run_dir):
