@@ -143,8 +143,7 @@ RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss 
 
 
 def json_object(path, missing=None):
-    """The dict a JSON file holds (missing, if given, where there is none); anything else (a pipe
-    too: a read would block) is refused."""
+    """The dict a JSON file holds (missing, if given, where none); anything else (a pipe) fails."""
     if missing is not None and not Path(path).exists():
         return missing
     with contextlib.suppress(ValueError):  # not UTF-8, not JSON
@@ -175,7 +174,6 @@ def results_csv(run_root):
 
 
 def read_log(run_dir):
-    """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
     path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -382,8 +380,7 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 
 
 def write_slurm(runs, args, extra_args):
-    """Writes OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps
-    its list); returns the script."""
+    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call: a queued job's list stays."""
     slurm_dir = Path(args.out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
