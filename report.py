@@ -17,6 +17,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from matplotlib import colormaps, ticker
+from matplotlib.figure import Figure  # no pyplot: files only, no display, nothing to close
+
 PAPER_SIZES = ("16M", "29M", "57M", "109M", "221M")
 HEADS = ("baseline", "soft_cap", "z_loss", "mu_loss", "mu_center")
 LAMBDA_HEADS = ("z_loss", "mu_loss")  # the heads with a regularisation weight λ
@@ -148,10 +151,6 @@ def variant_label(variant, show_lam=False):
 
 # -----------------------------------------------------------------------------
 # reading a results CSV (sweep.py collect writes ours from the run folders)
-
-def csv_cell(value):  # empty for None, true/false, floats in full
-    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
 
 def regular_file(path, hint):  # path if a regular file (a pipe would block); hint ends the error
     if not path.exists():
@@ -334,26 +333,23 @@ TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "o
                      "lrs", "lrs_mean", "train_time_s", "extra_time")
 
 
-def table_csv(cells, mean="published"):
+def csv_text(header, rows):  # a cell empty for None, true/false, a float in full (repr)
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(TABLE_CSV_COLUMNS)
-    writer.writerows([csv_cell(v) for v in (c.tie, c.size, c.head, c.lam, c.cap, len(c.lrs),
-                                            c.best_lr, c.optimal_loss, c.lrs_value, mean,
-                                            c.train_time_s, extra_time(c, cells))] for c in cells)
+    csv.writer(buffer, lineterminator="\n").writerows([header, *(
+        ["" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in row]
+        for row in rows)])
     return buffer.getvalue()
+
+
+def table_csv(cells, mean="published"):
+    return csv_text(TABLE_CSV_COLUMNS, [(c.tie, c.size, c.head, c.lam, c.cap, len(c.lrs), c.best_lr,
+                                         c.optimal_loss, c.lrs_value, mean, c.train_time_s,
+                                         extra_time(c, cells)) for c in cells])
 
 
 # -----------------------------------------------------------------------------
 # figures: Fig. 2/8 (loss vs η per column, LRS per column), Fig. 3 (logit statistics vs η),
 # Fig. 4 (λ) and curves over training, each with one legend, outside its panels
-
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-    return plt
-
 
 def _columns(cells):
     """{column: title} in order; a column lacking some variants (a second seed) says which ran."""
@@ -386,7 +382,6 @@ def _finish(fig, title):
 
 def _log_scale(ax, scale, values):
     """A log or symlog (linear within ±1) y axis, labelled at 1, 2, 5 × 10ᵏ within a decade."""
-    from matplotlib import ticker
     positive = [abs(v) for v in values if v != 0] or [1.0]
     low = max(min(positive), 1.0) if scale == "symlog" else min(positive)
     subs = (1, 2, 5) if max(positive) < 10 * low else (1,)
@@ -399,37 +394,33 @@ def _log_scale(ax, scale, values):
         ax.set_ylim(bottom=-0.3)  # not down to −1, where no value lies
 
 
-def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed; each closed after use
-    plt = _pyplot()
+def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed
     for tie in sorted({c.tie for c in cells}):
         tying = "tied" if tie else "untied"
         ours, ref = main_cells(cells, tie), main_cells(ref_cells, tie)
-        yield f"fig2_loss_lrs_{tying}", (fig := _loss_and_lrs(
-            plt, ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
-            lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})"))
-        plt.close(fig)
-        yield f"fig3_logits_{tying}", (fig := _metrics(plt, ours, ref, (
-            f"Logit statistics, ‖μ‖ and the head's rounding vs learning rate ({tying})")))
-        plt.close(fig)
+        yield f"fig2_loss_lrs_{tying}", _loss_and_lrs(
+            ours, ref, lambda c: HEAD_COLORS.get(c.head, "k"),
+            lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})")
+        yield f"fig3_logits_{tying}", _metrics(ours, ref, (
+            f"Logit statistics, ‖μ‖ and the head's rounding vs learning rate ({tying})"))
         for head in swept_lambda_heads(cells, tie):  # Fig. 2's layout, a colour per λ
             mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
                             for source in (cells, ref_cells))
             lams = sorted({c.lam for c in mine + theirs})
-            yield f"fig4_lambda_{head}_{tying}", (fig := _loss_and_lrs(
-                plt, mine, theirs, lambda c: plt.get_cmap("viridis")(
+            yield f"fig4_lambda_{head}_{tying}", _loss_and_lrs(
+                mine, theirs, lambda c: colormaps["viridis"](
                     0.9 * lams.index(c.lam) / max(len(lams) - 1, 1)),
-                lambda c: f"λ={c.lam:g}", f"{head}: λ sensitivity ({tying})"))
-            plt.close(fig)
+                lambda c: f"λ={c.lam:g}", f"{head}: λ sensitivity ({tying})")
 
 
-def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
+def _loss_and_lrs(cells, ref_cells, color_of, label_of, title):
     """Top: min(L(η), L₀) vs η per column, zoomed to 30% above the optimum as the paper's Fig. 2,
     a point beyond marked on the edge with its value. Below (one column: beside): LRS, sizes as
     an axis (lines, as the paper's), settings of one size as categories (markers)."""
     columns = _columns(cells + ref_cells)
     one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
-    fig = plt.figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),
-                     layout="constrained")
+    fig = Figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),
+                 layout="constrained")
     grid = fig.add_gridspec(1 if one else 2, max(len(columns), 2))
     for i, (column, column_title) in enumerate(columns.items()):
         ax = fig.add_subplot(grid[0, i])
@@ -466,7 +457,7 @@ def _loss_and_lrs(plt, cells, ref_cells, color_of, label_of, title):
     return _finish(fig, title)
 
 
-def _metrics(plt, cells, ref_cells, title):
+def _metrics(cells, ref_cells, title):
     """Fig. 3: METRICS (and PRECISION_METRICS where logged) vs η, a row per metric, columns as in
     Fig. 2 (one column: a grid); a metric's panels share a y scale, symlog where it passes 50."""
     columns = _columns(cells + ref_cells)
@@ -474,8 +465,9 @@ def _metrics(plt, cells, ref_cells, title):
                               if any(math.isfinite(r[m[0]]) for c in cells for r in c.rows))
     one = len(columns) == 1
     shape = (2, math.ceil(len(metrics) / 2)) if one else (len(metrics), len(columns))
-    fig, grid = plt.subplots(*shape, squeeze=False, layout="constrained", figsize=(
+    fig = Figure(layout="constrained", figsize=(
         3.3 * shape[1], 6.6) if one else (3.2 * shape[1] + 1, 2.6 * shape[0]))
+    grid = fig.subplots(*shape, squeeze=False)
     for i, (metric, label) in enumerate(metrics):
         values = [r[metric] for c in cells + ref_cells for r in c.rows if math.isfinite(r[metric])]
         label = textwrap.fill(label, 30)
@@ -520,8 +512,8 @@ def curves_figure(logs, configs):
     curves = [(key, text) for key, text in CURVES
               if any(r.get(key) is not None for records in logs.values() for r in records)]
     ncols = math.ceil(len(curves) / 2)
-    fig, axes = _pyplot().subplots(2, ncols, figsize=(4 * ncols, 7.5), squeeze=False,
-                                   layout="constrained")
+    fig = Figure(figsize=(4 * ncols, 7.5), layout="constrained")
+    axes = fig.subplots(2, ncols, squeeze=False)
     for ax, (key, text) in zip(axes.flat, curves):
         runs_of_head, drawn = {}, []
         for i, (name, records) in enumerate(logs.items()):

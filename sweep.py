@@ -8,8 +8,6 @@ the others and, before anything starts, refuses folders of other settings.
 """
 import argparse
 import contextlib
-import csv
-import io
 import json
 import os
 import shlex
@@ -145,8 +143,7 @@ RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss 
 
 
 def json_object(path, missing=None):
-    """The dict a JSON file holds (missing, if given, where there is none); anything else (a pipe
-    too: a read would block) is refused."""
+    """The dict a JSON file holds (missing, if given, where none); anything else (a pipe) fails."""
     if missing is not None and not Path(path).exists():
         return missing
     with contextlib.suppress(ValueError):  # not UTF-8, not JSON
@@ -161,9 +158,7 @@ def results_csv(run_root):
     if not summaries:
         raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
                                 f"... --out {run_root}` first")
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-    writer.writeheader()
+    rows = []
     for path in summaries:
         summary = json_object(path)
         needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
@@ -174,12 +169,11 @@ def results_csv(run_root):
         row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
         row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
                    run=str(path.parent.relative_to(run_root)))                     # names
-        writer.writerow({column: report.csv_cell(value) for column, value in row.items()})
-    return buffer.getvalue()
+        rows.append(row.values())
+    return report.csv_text(RESULT_COLUMNS, rows)
 
 
 def read_log(run_dir):
-    """The records of a run's log.jsonl, each a JSON object with `step` and `loss`."""
     path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
     try:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -386,8 +380,7 @@ srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_no
 
 
 def write_slurm(runs, args, extra_args):
-    """Writes OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call (a queued array keeps
-    its list); returns the script."""
+    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call: a queued job's list stays."""
     slurm_dir = Path(args.out).resolve() / "slurm"
     (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
