@@ -22,7 +22,6 @@ def read_csv(path) -> list[dict]:
 
 
 def markdown_table(rows) -> str:
-    """Rows of cells, the header first, as a Markdown table."""
     lines = ["|" + "|".join(f" {cell} " if cell else " " for cell in row) + "|" for row in rows]
     return "\n".join([lines[0], "|---" * len(rows[0]) + "|", *lines[1:]])
 

@@ -46,7 +46,6 @@ def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
 
 
 def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
-    """How often each token id < vocab_size occurs in the training shards of data_dir (V,)."""
     return torch.from_numpy(sum(np.bincount(data.read_shard(path), minlength=vocab_size)
                                 [:vocab_size] for path in data.shard_paths(data_dir, "train")))
 
@@ -100,7 +99,6 @@ def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dic
 
 
 def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> None:
-    """Each row's reach along μ against its token's training count; never-seen rows jittered."""
     fig, (strip, ax) = analyze.new_axes(1, 2, sharey=True, figsize=(7.6, 4.4), width_ratios=(1, 5))
     never = counts == 0
     strip.scatter(np.random.default_rng(0).uniform(-1, 1, never.sum()), reach[never], s=2,

@@ -80,7 +80,6 @@ def similarity_alignment(X: torch.Tensor, Y: torch.Tensor) -> float:
 
 
 def training_tokens(data_dir: str, n_tokens: int) -> np.ndarray:
-    """The first n_tokens of the training shards (fewer if the shards hold fewer), as int64."""
     store.check_dataset(data_dir)             # a half-written or mixed folder: one sentence
     parts, n = [], 0
     for path in data.shard_paths(data_dir, "train"):

@@ -62,7 +62,6 @@ def shift_vectors(H: torch.Tensor, W: torch.Tensor, levels=LEVELS, ortho_level=O
     shifts = {"none": torch.zeros(H.shape[1], dtype=torch.float64)}
     for level in levels:
         shifts[f"along{level:g}"] = analyze.mean_logit_shift(H, W, level)
-    H = H.double()
     _, vectors = torch.linalg.eigh(H.T @ H / len(H))  # eigenvalues ascending
     least = vectors[:, 0] * torch.sign(vectors[:, 0] @ H.mean(0) + 1e-300)
     shifts["ortho"] = analyze.mean_logit_shift(H, W, ortho_level).norm() * least
@@ -79,7 +78,6 @@ def amp_for(dtype: str):  # float64: a model already in float64, no autocast
 
 
 def build_condition_model(config: dict, state: dict, condition: Condition, model_dtype):
-    """The base model under `condition`'s head and head dtype, its weights from `state`."""
     model = from_config({**config, "head": condition.head, "head_dtype": condition.head_dtype,
                          "lam": None, "cap": None})
     model.load_state_dict(state)
@@ -128,7 +126,6 @@ def val_windows(args):
 
 
 def train_base(args):
-    """The untied bf16 baseline in work/base, trained by train.py (resumed if cut off)."""
     out = Path(args.work) / "base"
     if not (out / "summary.json").exists():
         command = [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out_dir",
@@ -143,13 +140,11 @@ def cell_path(args, condition: str, shift: str, seed: int) -> Path:
 
 
 def base_model(args, condition: Condition):
-    """The base checkpoint (weights and AdamW moments) and its model under `condition`."""
     ckpt = load_checkpoint(Path(args.work) / "base" / "ckpt.pt")
     return ckpt, build_condition_model(ckpt["config"], ckpt["model"], condition, torch.float32)
 
 
 def run_cell(job) -> str:
-    """One (condition, shift, seed): continue, then write its JSON into the work folder."""
     torch.set_num_threads(1)
     args, condition, shift, seed = job
     ckpt, model = base_model(args, CONDITIONS[condition])
@@ -255,7 +250,6 @@ def write_results(args):
 
 
 def gap_table(gaps: list[dict], args) -> str:
-    """table.md: per numerics and shift, the gaps at the start and the end, and l̄'s drift."""
     conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
     shifts = list(dict.fromkeys(g["shift"] for g in gaps))
     cell = {(g["condition"], g["shift"]): g for g in gaps}
@@ -297,7 +291,6 @@ def report(out: Path, args):
 
 
 def plot_gaps(gaps: list[dict], title: str, path: Path):
-    """The gap after the continued steps per shift, the conditions dodged side by side."""
     shifts = [s for s in dict.fromkeys(g["shift"] for g in gaps) if s != "none"]
     conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
     fig, ax = analyze.new_axes(figsize=(9, 4.6))
@@ -321,7 +314,6 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
 
 
 def plot_logit_mean(curves: list[dict], title: str, path: Path):
-    """l̄ over the continued steps, mean over the seeds, one panel per shift that moves it."""
     panels = [s for s in ("along300", "along1000", "along3000", "ortho")
               if any(c["shift"] == s for c in curves)]
     fig, axes = analyze.new_axes(1, len(panels), squeeze=False, figsize=(3.3 * len(panels), 3.9))
