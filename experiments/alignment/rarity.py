@@ -1,7 +1,5 @@
 """What holds h̄·μ̂ small (experiments/alignment/README.md): each output row's reach along μ by
 its token's training count, the mean hidden state, and the residual coordinates that bound it.
-
-    python experiments/alignment/rarity.py --run DIR --tokens 4096 --json r.json --plot r.png
 """
 import argparse
 import math

@@ -139,7 +139,6 @@ def run_tying(args) -> dict:
         return {name: weight.detach().double().cpu()[ids] for name, weight in
                 (("tied", tied_model.wte.weight), ("untied input", untied_model.wte.weight),
                  ("untied output", untied_model.output_weight))}
-
     measure = lambda A, B: dict(**alignment(A, B), knn_overlap=knn_overlap(A, B, args.knn))
     pairs = (("tied", "untied input"), ("tied", "untied output"), ("untied input", "untied output"))
     final = matrices(tied, untied)
