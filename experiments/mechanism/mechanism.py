@@ -90,10 +90,8 @@ def measure_point(model, val, amp) -> dict:
     """l̄ = μ·h̄ (float64) and ‖μ‖ on the first validation batch, and the loss over all of val."""
     mu = heads.mean_embedding(model.output_weight.detach()).double()
     logit_mean = (hidden_states(model, val[0][0], amp).mean(0) @ mu).item()
-    model.eval()
     with amp:
         loss = sum(model(x, y)[1]["ce"].double() for x, y in val) / len(val)
-    model.train()
     return dict(logit_mean=logit_mean, mu_norm=mu.norm().item(), val_loss=loss.item())
 
 
