@@ -111,12 +111,6 @@ def _rss_kib(field):
     return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)[1])
 
 
-def _release_free_heap():
-    """Return glibc's freed heap to the OS, else a buffer reused from it reads as 0 bytes of RSS."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def peak_memory(device, work, reserved=False):
     """Peak bytes of one run of work() above what was held at its start (None on a CPU without
     /proc), apart from timed runs (a CPU's free heap is released first). reserved: also CUDA's
@@ -132,7 +126,8 @@ def peak_memory(device, work, reserved=False):
         peak = torch.cuda.max_memory_allocated(device) - start[0]
         held = torch.cuda.max_memory_reserved(device) - start[1]
     elif Path("/proc/self/clear_refs").exists():
-        _release_free_heap()
+        with contextlib.suppress(OSError, AttributeError):  # else its reuse reads as 0 B of RSS
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
         start = _rss_kib("VmRSS")
         work()

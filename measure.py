@@ -85,8 +85,7 @@ def mean_state_alignment(h_mean, weight):
     return proj, proj / h_mean.norm().clamp(min=tiny)
 
 
-# ---------------------------------------------------------------------------------------------
-# Theorem 4 and B_ratio
+# ---- Theorem 4 and B_ratio ------------------------------------------------------------------
 
 def b_bounds(weight):
     """(B₋, B₊, ‖μ‖²) of Eq. 12 for `weight` (V, D), as float64 Python floats: the tight bounds

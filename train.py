@@ -34,7 +34,6 @@ WEIGHT_DECAY = 0.0
 GRAD_CLIP = 1.0            # the global gradient norm ‖g‖₂ is clipped to this
 
 # ---- The training step (bench.py reuses these) ---------------------------------------------
-
 def build_model(args) -> GPT:
     """The GPT of --size with the head of --head; --seed fixes the initial weights."""
     torch.manual_seed(args.seed)
@@ -100,7 +99,6 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
 
 
 # ---- The measurements -----------------------------------------------------------------------
-
 STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 × V floats
 LOG_STAT_TOKENS = 128   # tokens of a log step's logit statistics
 PRECISION_STRIDE = 4    # the precision statistics take every 4th of those tokens (the costly ones)
@@ -192,7 +190,6 @@ def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
 
 
 # ---- The loop -------------------------------------------------------------------------------
-
 def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     """Steps until --steps (or --stop_at), logging, evaluating and saving on the way, then the
     summary; a loss that turns non-finite ends the run early, as diverged."""

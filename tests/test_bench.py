@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
 from types import SimpleNamespace
 
 import pytest
@@ -40,9 +39,8 @@ def test_tiny_cpu_run_writes_every_variant_with_sane_values(tiny_run):
     rows = result["train"]
     assert {(r["head"], r["loss_impl"]) for r in rows} == \
         {(h, i) for h in heads.HEADS for i in PATHS}
-    tokens = 2 * 32
     for r in rows:
-        assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(tokens / r["step_s"])
+        assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(2 * 32 / r["step_s"])
         assert r["mfu"] is None  # no peak FLOP/s is known for a CPU
         assert r["flops_per_token"] > 6 * r["params"]  # 6N plus attention
         assert r["peak_mem_bytes"] is None or r["peak_mem_bytes"] >= 0
@@ -107,28 +105,18 @@ def test_overhead_and_vs_plain_are_relative_to_the_same_process_rows():
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
-def test_cpu_peak_memory_sees_a_transient_allocation():
-    size = 64 * 2**20
+@pytest.mark.parametrize("mib, ran_before", [(64, False), (4, True)])
+def test_cpu_peak_memory_sees_a_transient_allocation_even_from_freed_heap(mib, ran_before):
+    """ran_before: a 4 MiB buffer freed and allocated again comes from malloc's heap, resident:
+    without releasing the free heap first the second run read as ~0 bytes."""
+    size = mib * 2**20
 
     def work():
         x = torch.ones(size // 4)  # written, so every page is resident
         del x
 
-    peak = bench.peak_memory(torch.device("cpu"), work)
-    assert 0.9 * size <= peak <= 2 * size
-
-
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
-def test_cpu_peak_memory_sees_a_buffer_that_reuses_freed_heap():
-    """A 4 MiB buffer freed and allocated again comes from malloc's heap, already resident:
-    without releasing the free heap first the second run read as ~0 bytes."""
-    size = 4 * 2**20
-
-    def work():
-        x = torch.ones(size // 4)
-        del x
-
-    work()
+    if ran_before:
+        work()
     peak = bench.peak_memory(torch.device("cpu"), work)
     assert 0.9 * size <= peak <= 2 * size
 
