@@ -336,9 +336,8 @@ def write_file(path: str, content: bytes) -> None:
 
 
 def new_axes(*grid, **options):
-    """plt.subplots(*grid, **options), 6.4 × 4 inches unless told, for files only."""
     import matplotlib
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # figures go to files only
     import matplotlib.pyplot as plt
     return plt.subplots(*grid, **{"figsize": (6.4, 4.0), "layout": "constrained", **options})
 

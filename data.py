@@ -67,9 +67,8 @@ def shard_length(path):
 
 def read_shard(path):
     """The tokens of a validated shard as a read-only uint16 memory map (no copy in RAM)."""
-    n = shard_length(path)
-    if n == 0:
-        return np.zeros(0, dtype=np.uint16)
+    if not (n := shard_length(path)):
+        return np.zeros(0, dtype=np.uint16)  # memmap cannot map zero bytes
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
 
 

@@ -1,7 +1,5 @@
 """The LM head's loss without the N × V logits: the same loss and gradients as heads.py's plain
-path, chunk by chunk of tokens:
-    head.loss_path = loss_path(chunk, device_type)     # train.py --loss_chunk (None: default)
-    loss, stats = head(h, weight, targets)             # now chunked; same (loss, stats)
+path, chunk by chunk of tokens, once `head.loss_path = loss_path(chunk, device_type)`.
 
 The plain path keeps all N × V logits (and their softmax) for the backward pass. The loss is a
 scalar, so a chunk's gradient w.r.t. its logits is known once its softmax is: the forward folds

@@ -4,8 +4,7 @@
     Block:  x ← x + Attention(LN(x)),   x ← x + SwiGLU(LN(x))            (pre-LayerNorm)
     Attention: causal, per-head qk-LayerNorm, RoPE on half of each head's dimensions.
 
-No linear layer or LayerNorm has a bias. The output embedding W (V×D) is its own matrix, or the
-input embedding with `tie=True`; logits and loss are the head's (heads.py), given h and W.
+No linear layer or LayerNorm has a bias; logits and loss are the head's (heads.py), given h and W.
 
 Init: the paper's Table 4, or its code where they differ. Linear weights Xavier normal, std =
 √(2 / (fan_in + fan_out)), untruncated; input embedding N(0, 1/√D); the attention output
@@ -23,9 +22,8 @@ import torch.nn.functional as F
 
 import heads
 
-# The five paper sizes (after Porian et al. 2024) with the paper code's SwiGLU rule ffn =
-# 256·⌈(2/3·4D)/256⌉, labelled by every parameter but the input embedding at V = 50304; tiny and
-# small are CPU presets (ffn ≈ 8/3·D rounded up to a multiple of 64).
+# The paper's five sizes (Porian et al. 2024), ffn = 256·⌈(2/3·4D)/256⌉ as its code, labelled by
+# all parameters but the input embedding at V = 50304; tiny, small: CPU presets (ffn ≈ 8/3·D).
 SIZES = {
     "tiny":  dict(n_layer=2, n_embd=64, n_head=4, ffn_hidden=192),
     "small": dict(n_layer=4, n_embd=128, n_head=4, ffn_hidden=384),
@@ -201,10 +199,9 @@ class GPT(nn.Module):
         return n - (self.wte.weight.numel() if non_embedding and not self.config.tie else 0)
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Forward + backward FLOPs per token, for MFU: 6·N + 12·L·D·T. N: the weights of matrix
-        products (the linear layers and the V×D head; elementwise ops ignored), 2 FLOPs each
-        forward and 4 backward; attention's q·kᵀ and weighted sum cost 2·T·D each forward, ×3
-        with backward, per layer, over the full square (PaLM App. B)."""
+        """Forward + backward FLOPs per token, for MFU: 6·N + 12·L·D·T (PaLM App. B). N: the
+        weights of matrix products (linear layers, V×D head), 2 FLOPs forward and 4 backward;
+        attention's q·kᵀ and weighted sum: 2·T·D each forward, ×3 with backward, per layer."""
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         n_matmul += self.output_weight.numel()
         return 6 * n_matmul + 12 * self.config.n_layer * self.config.n_embd * seq_len

@@ -1,10 +1,6 @@
 """analyze.py and theorem4.py: known answers for every measurement, Theorem 4's audit in exact
-arithmetic, and the CLI on small run folders.
-
-The run folders here are written in train.py's checkpoint format (config.json, ckpt.pt and
-ckpt_step*.pt snapshots) from tiny models on a synthetic Markov language of 64 tokens, so each
-subcommand runs end to end in about a second.
-"""
+arithmetic, and the CLI on run folders in train.py's checkpoint format (config.json, ckpt.pt,
+ckpt_step*.pt) of tiny models on a synthetic Markov language of 64 tokens."""
 import errno
 import json
 import math

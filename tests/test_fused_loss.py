@@ -1,11 +1,5 @@
-"""fused_loss.py's chunked loss path equals heads.py's plain reference path: values and gradients.
-
-Every head, through torch's F.linear_cross_entropy and through our own loop, in float64 (tight),
-float32 (float tolerance), bf16 inputs and bf16 autocast (bf16 tolerance), with ignored (-1)
-targets and a chunk size that does not divide N; a float64 gradcheck of the hand-written
-backward; no backward work under no_grad; the default path per device; the switch through a
-whole model.
-"""
+"""fused_loss.py's chunked loss path equals heads.py's plain reference path: values and gradients,
+of every head and SETTINGS dtype, through torch's op and our loop; gradcheck of our backward."""
 import functools
 import importlib
 
@@ -30,8 +24,7 @@ def make_head(name):
 
 
 def make_inputs(dtype, seed=0, n_tokens=37):
-    """h (2, n_tokens, D) with logits large enough that the soft-cap saturates, W (V, D) with a
-    common shift (so μ ≠ 0), targets with the first five tokens ignored."""
+    """h (2, N, D) large enough to saturate the soft-cap, W (V, D) shifted (μ ≠ 0), 5 ignored."""
     gen = torch.Generator().manual_seed(seed)
     h = (2 * torch.randn(2, n_tokens, D, generator=gen)).to(dtype).requires_grad_()
     w = (torch.randn(V, D, generator=gen) + 0.5).to(dtype).requires_grad_()

@@ -21,8 +21,7 @@ def random_tokens(vocab, B=2, T=32, seed=1):
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-# ---------------------------------------------------------------------------------------------
-# sizes
+# ---------------------------------------------------------------------------------------- sizes
 
 @pytest.mark.parametrize("size", PAPER_SIZES)
 def test_parameter_counts_match_the_paper_labels(size):
@@ -55,8 +54,7 @@ def test_flops_per_token_counts_every_matmul_and_the_attention_term():
     assert m.flops_per_token(48) - m.flops_per_token(16) == 12 * c.n_layer * c.n_embd * 32
 
 
-# ---------------------------------------------------------------------------------------------
-# initialisation
+# ------------------------------------------------------------------------------- initialisation
 
 def assert_normal_std(w, std, what):
     """Sample std within 5 standard errors (SE of a normal's std ≈ σ/√(2n)); mean within 5·σ/√n."""
@@ -102,8 +100,7 @@ def test_initial_loss_is_log_vocabulary(head, tie):
     assert set(stats) >= {"ce", "reg"}
 
 
-# ---------------------------------------------------------------------------------------------
-# what the forward pass computes
+# --------------------------------------------------------------- what the forward pass computes
 
 def test_model_is_causal():
     m = build(vocab_size=97)
@@ -166,8 +163,7 @@ def test_compiles_to_one_graph_without_the_token_check():
         torch.testing.assert_close(compiled(idx), m(idx))
 
 
-# ---------------------------------------------------------------------------------------------
-# RoPE
+# ----------------------------------------------------------------------------------------- RoPE
 
 def test_rope_turns_pairs_of_the_first_half_and_leaves_the_rest():
     T, hd = 9, 16
@@ -211,8 +207,7 @@ def test_model_rotates_half_of_each_head_and_keeps_tables_out_of_the_state_dict(
         torch.testing.assert_close(clone(idx), m(idx), rtol=0, atol=0)
 
 
-# ---------------------------------------------------------------------------------------------
-# weight tying and μ-centering
+# ----------------------------------------------------------------- weight tying and μ-centering
 
 def test_tied_weights_are_one_tensor_and_untied_are_two():
     tied, untied = build(vocab_size=97, tie=True), build(vocab_size=97)
@@ -242,8 +237,7 @@ def test_mu_center_leaves_an_untied_input_embedding_alone():
     assert torch.equal(m.wte.weight, wte_before)
 
 
-# ---------------------------------------------------------------------------------------------
-# bad input: one clear sentence
+# ---------------------------------------------------------------- bad input: one clear sentence
 
 def test_unknown_size_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown model size '17M'; choose one of tiny, small, 16M"):
@@ -281,8 +275,7 @@ def test_idx_must_be_batch_by_time():
         m(torch.zeros(8, dtype=torch.long))
 
 
-# ---------------------------------------------------------------------------------------------
-# runs of train.py: from_config and load_checkpoint
+# -------------------------------------------- runs of train.py: from_config and load_checkpoint
 
 RUN_CONFIG = {"size": "tiny", "vocab_size": 97, "tie": True, "seq_len": 4096, "head": "soft_cap",
               "cap": 5.0, "lam": None, "lr": 3e-3}      # train.py's names; lr is ignored here
