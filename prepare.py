@@ -110,7 +110,6 @@ def _encode_piece(text):
 
 
 def read_texts(files):
-    """The files' UTF-8 text, each checked to be a file holding more than whitespace."""
     texts = []
     for path in map(Path, files):
         if not path.is_file():

@@ -305,7 +305,6 @@ def _swap_in(staging, out_dir, names, prefix):
 
 
 def number(kind, rule, test):
-    """An argparse type: kind(text) that passes test, else one sentence giving the rule."""
     def parse(text):
         try:
             value = kind(text)
