@@ -159,9 +159,8 @@ def open_atomic(path):
 
 
 class WatchedFile(io.FileIO):
-    """A file that writes all of every buffer (os.write may write a part); a failed write or
-    fsync is raised as a WriteError and kept as `error` (a library may wrap the WriteError)."""
-    error = None
+    """A file that writes all of every buffer (os.write may write a part); failures: WriteError."""
+    error = None                    # the failed write's OSError: a library may wrap the WriteError
 
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0
