@@ -54,8 +54,7 @@ def _split_train_val(tokens, val_fraction, align=1):
 
 
 def gpt2_encoding():
-    """tiktoken's GPT-2 encoding (EOT = 50256); where its download fails, the copies shipped in
-    GPT2_SHIPPED seed a cache in GPT2_CACHE, used from then on (the download is tried once)."""
+    """tiktoken's GPT-2 encoding; if its download fails, GPT2_SHIPPED seeds GPT2_CACHE for good."""
     try:
         import tiktoken  # here, not above: reading shards needs no tokenizer
     except ImportError:
@@ -111,7 +110,6 @@ def _encode_piece(text):
 
 
 def read_texts(files):
-    """The files' UTF-8 text, each checked to be a file holding more than whitespace."""
     texts = []
     for path in map(Path, files):
         if not path.is_file():
@@ -146,8 +144,7 @@ def tokenize_texts(texts, workers=None):
 
 def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replace=True,
                  texts=None):
-    """Tokenize text files (`texts`: their text, if read) into `text_{train,val}_*.bin`, val the
-    last part; replace=False keeps an existing dataset (FileExistsError)."""
+    """Tokenize text files (`texts`: their text, if read) into `text_{train,val}_*.bin`."""
     texts = texts or read_texts(files)
     t0 = time.perf_counter()
     tokens = tokenize_texts(texts, workers)
@@ -161,8 +158,7 @@ def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replac
 
 
 def text_dataset(files, cache_root="data/text", val_fraction=VAL_FRACTION, workers=None):
-    """The shard folder of these text files, `cache_root/{first stem}-{key}`: tokenized on
-    first use, reused after; the key hashes the texts, the tokenizer and val_fraction."""
+    """The shard folder of these text files, `cache_root/{first stem}-{key}`, made on first use."""
     texts = read_texts(files)
     key = _text_key(texts, val_fraction)
     folder = Path(cache_root) / f"{Path(files[0]).stem}-{key[:16]}"
@@ -300,8 +296,7 @@ def shards_needed(tokens, dataset=DEFAULT_DATASET):
 
 
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):
-    """Download the val shard and train shards 1‥N into folder (from base_url, else
-    $FINEWEB_BASE_URL, else HF), each recorded as it comes; unrecorded ones there are checked."""
+    """Download the val shard and train shards 1‥N, each recorded in the manifest as it comes."""
     repo, available = FINEWEB_DATASETS[dataset]
     if not 1 <= train_shards <= available:
         raise ValueError(f"{dataset} has {available} train shards; ask for 1 to {available}, "
@@ -330,8 +325,7 @@ def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, 
 
 
 def download_shard(url, path, label=""):
-    """Fetch one shard through `path.part` (resumed by HTTP Range requests), check its header
-    and the sha256 the server states, and rename it; returns its manifest entry."""
+    """Fetch one shard through `path.part` (resumed), checked; returns its manifest entry."""
     part, expected = path.with_name(path.name + ".part"), None
     for attempt in range(DOWNLOAD_RETRIES + 1):
         have = _size(part)
@@ -376,7 +370,6 @@ class _RecordRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     def announced_sha256(self, final):
-        """The sha256 a server states: X-Linked-Etag first, else ETag, when 64 hex digits."""
         values = [(headers.get(field) or "").removeprefix("W/").strip('"').lower()
                   for field in ("X-Linked-Etag", "ETag") for headers in self.headers + [final]]
         return next((value for value in values if re.fullmatch(r"[0-9a-f]{64}", value)), None)

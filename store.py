@@ -116,10 +116,9 @@ def file_entry(path, shard=None):
 
 
 def shard_files(folder):
-    """What the loader reads of either split (none is no error here)."""
     paths = set()
     for split in ("train", "val"):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):  # a split with no shards is no error here
             paths.update(data.shard_paths(folder, split))
     return sorted(paths)
 
@@ -140,8 +139,7 @@ def write_atomic(path, content):
 
 @contextlib.contextmanager
 def open_atomic(path):
-    """A binary file that becomes `path` (temporary name, fsync, rename, fsync of the folder)
-    only when the block ends without an error; a failed write raises a WriteError naming path."""
+    """A binary file that becomes `path` (temp name, fsync, rename) if the block succeeds."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -161,9 +159,8 @@ def open_atomic(path):
 
 
 class WatchedFile(io.FileIO):
-    """A file that writes all of every buffer (os.write may write a part); a failed write or
-    fsync is raised as a WriteError and kept as `error` (a library may wrap the WriteError)."""
-    error = None
+    """A file that writes all of every buffer (os.write may write a part); failures: WriteError."""
+    error = None                    # the failed write's OSError: a library may wrap the WriteError
 
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0
@@ -197,7 +194,6 @@ def _fsync_folder(folder):
 
 
 def write_error(err, path):
-    """The one-sentence WriteError (or DiskFullError) for an OSError while writing path."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         mount = next(p for p in Path(path).resolve().parents if os.path.ismount(p))
         return DiskFullError(f"the disk is full: could not write {path} "
@@ -206,7 +202,6 @@ def write_error(err, path):
 
 
 def make_folder(path):
-    """mkdir -p, with one sentence when the path is (under) a file or not writable."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -309,7 +304,6 @@ def _swap_in(staging, out_dir, names, prefix):
 
 
 def number(kind, rule, test):
-    """An argparse type: kind(text) that passes test, else one sentence giving the rule."""
     def parse(text):
         try:
             value = kind(text)
@@ -351,7 +345,6 @@ def parse_args(argv=None):
 
 
 def check_command(args):
-    """`store.py check`: verify every hash; record a missing manifest or largest token ids."""
     folder, manifest = args.folder, read_manifest(args.folder)
     check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
     if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
@@ -362,7 +355,6 @@ def check_command(args):
 
 
 def bench_loader(args):
-    """`store.py bench`: the tokens per second data.ShardLoader delivers (memmap → int64)."""
     B, T, steps = args.batch_size, args.seq_len, args.steps
     loader = data.ShardLoader(args.data, B, T, order=args.data_order)
     loader.next_batch()                        # touch the first shard
