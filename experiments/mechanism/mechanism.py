@@ -2,9 +2,9 @@
 untied bf16 baseline, trained here, moved by one common vector c, then training continued under
 five numerics.
 
-Exactly, a common shift of the rows changes no prediction and no AdamW step (∂L/∂h gains
-c·Σᵢ(pᵢ − yᵢ) = 0), so a gap to the unshifted twin is finite precision alone, but for μ-loss,
-whose λ‖μ + c‖² sees it.
+Exactly, a common shift of the rows changes no prediction and no AdamW step (heads.MuCenter
+derives it), so a gap to the unshifted twin is finite precision alone, but for μ-loss, whose
+λ‖μ + c‖² sees it.
 """
 import argparse
 import csv
