@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import ctypes
 import functools
-import os
 import re
 import statistics
 import time
@@ -26,6 +25,7 @@ import heads
 import runs
 import store
 import train
+from runs import device_memory  # scripts/gpu_check.sh reads it here too
 from model import SIZES
 
 # CUDA: the paper's micro-batch; CPU: small, where 16 × 2048 tokens would take many seconds
@@ -81,13 +81,6 @@ def parse_args(argv=None):
     for size in args.sizes:
         refuse_what_cannot_fit(args, size, device_type, p.error)
     return args
-
-
-def device_memory(device):
-    """Bytes of memory of the GPU, or of the machine for a CPU (Linux / Unix)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def refuse_what_cannot_fit(args, size, device_type, error):

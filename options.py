@@ -12,7 +12,7 @@ import data
 import heads
 import prepare
 from model import SIZES
-from runs import STAT_TOKENS, TEXT_CACHE, resolve_device
+from runs import STAT_TOKENS, TEXT_CACHE, device_memory, resolve_device
 from store import non_negative_float, non_negative_int, positive_float, positive_int
 
 EXAMPLE = """examples (a laptop on the bundled text; the paper's recipe on 4 GPUs):
@@ -116,9 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
     # The embeddings alone: V·D numbers (twice untied) with gradient and AdamW's 2 moments, 16 B.
     needed = 16 * args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
-    total, where = (torch.cuda.get_device_properties(args.device).total_memory, "the GPU's") \
-        if args.device.startswith("cuda") else \
-        (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's")
+    total = device_memory(torch.device(args.device))
+    where = "the GPU's" if args.device.startswith("cuda") else "this machine's"
     if needed > total:  # one sentence, not the allocator's traceback
         k = min(5, max(1, int(math.log(needed, 1024))))  # KiB … PiB
         parser.error(f"--vocab_size {args.vocab_size:,} needs {needed / 1024 ** k:,.1f} "

@@ -408,6 +408,13 @@ def sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of the GPU, or of the machine for a CPU (Linux / Unix)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def peak_flops(device: torch.device, dtype: str):  # dense bf16 FLOP/s of one GPU; None: unknown
     if device.type != "cuda" or dtype != "bfloat16":
         return None
