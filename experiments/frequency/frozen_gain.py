@@ -1,0 +1,22 @@
+"""train.py with the final LayerNorm's gain g frozen at 1 (experiments/frequency/README.md): the
+ablation that lifts the cap ‖h̄‖ ≤ RMS ‖h‖ ≈ ‖g‖ that small gains on the massive coordinates set.
+    python experiments/frequency/frozen_gain.py TRAIN.PY-OPTIONS...
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, whose modules these import
+import train
+
+unfrozen = train.from_config
+
+
+def frozen_gain(config: dict):
+    model = unfrozen(config)
+    model.ln_f.weight.requires_grad_(False)  # no gradient: AdamW never moves it
+    return model
+
+
+if __name__ == "__main__":
+    train.from_config = frozen_gain
+    train.main(sys.argv[1:])
