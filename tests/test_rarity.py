@@ -45,6 +45,25 @@ def test_moving_h_along_mu_is_seen_only_through_the_spread_of_the_rows_reach():
                           shifted_log_probs(shared, h, targets, 0), atol=1e-12)
 
 
+def test_curvature_along_a_direction_is_the_second_derivative_of_the_loss():
+    """curvature_along against a central second difference of mean_t CE(W(h_t + s·u)), float64;
+    along μ̂ it is ‖μ‖² times the predicted variance of the reach, zero where every aᵢ = 1."""
+    W, H = gaussian(7, 4, seed=3) + torch.tensor([1.5, 0.0, -1.0, 0.5]), gaussian(9, 4, seed=4)
+    targets, eps = torch.arange(9) % 7, 1e-4
+    u = torch.nn.functional.normalize(gaussian(1, 4, seed=5), dim=1)
+    ce = lambda s: torch.nn.functional.cross_entropy((H + s * u) @ W.T, targets)
+    second = (ce(eps) - 2 * ce(0) + ce(-eps)) / eps ** 2
+    assert rarity.curvature_along(H, W, u).item() == pytest.approx(second.item(), rel=1e-6)
+    mu, p = W.mean(0), torch.softmax(H @ W.T, 1)
+    a = rarity.reach_along_mu(W)
+    variance = (p @ a.square() - (p @ a).square()).mean() * mu.square().sum()
+    assert rarity.curvature_along(H, W, (mu / mu.norm())[None]).item() == pytest.approx(
+        variance.item(), rel=1e-12)
+    shared = W - torch.outer(W @ mu, mu) / mu.square().sum() + mu
+    assert rarity.curvature_along(H, shared, (mu / mu.norm())[None]).item() == pytest.approx(
+        0, abs=1e-12)
+
+
 def test_reach_by_frequency_buckets_the_rows_and_weights_the_targets_by_count():
     reach = torch.tensor([1.0, 1.2, 0.8, 0.5, 0.1], dtype=torch.float64)
     counts = torch.tensor([0, 0, 5, 50, 20_000])

@@ -43,6 +43,30 @@ def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
                          target_reach_std=(weight @ (reach - mean).square()).sqrt().item())
 
 
+def curvature_along(H: torch.Tensor, W: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """For each unit direction u (rows of `directions`), the loss's second derivative as every
+    hidden state moves along it: d²/ds² mean_t CE(W(h_t + s·u)) at s = 0 = mean_t Var_{p_t}(z) with
+    zᵢ = eᵢ·u, since softmax's Hessian in the logits is diag(p) − ppᵀ. Along μ̂, zᵢ = ‖μ‖·aᵢ:
+    the loss holds h·μ̂ as firmly as the predicted tokens' reach differs."""
+    Z = W @ directions.T                                   # (V, k): how u moves each logit
+    total = torch.zeros(len(directions), dtype=W.dtype)
+    for chunk in H.split(256):                             # (256, V) probabilities at a time
+        p = torch.softmax(chunk @ W.T, dim=1)
+        total += (p @ Z.square() - (p @ Z).square()).sum(0)
+    return total / len(H)
+
+
+def curvatures(H: torch.Tensor, W: torch.Tensor, n_random: int = 16) -> dict:
+    """curvature_along μ̂, along h̄/‖h̄‖, and the mean and std over n_random random directions."""
+    unit = lambda v: v / v.norm()
+    random = torch.randn(n_random, W.shape[1], generator=torch.Generator().manual_seed(0),
+                         dtype=W.dtype)
+    k = curvature_along(H, W, torch.stack([unit(W.mean(0)), unit(H.mean(0)),
+                                           *(unit(v) for v in random)]))
+    return dict(curv_mu=k[0].item(), curv_h_mean=k[1].item(), curv_random=k[2:].mean().item(),
+                curv_random_std=k[2:].std().item())
+
+
 def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(sum(np.bincount(data.read_shard(path), minlength=vocab_size)
                                 [:vocab_size] for path in data.shard_paths(data_dir, "train")))
@@ -72,7 +96,8 @@ def run_rarity(args) -> dict:
                   h_mean_norm=H.mean(0).norm().item(),
                   h_norm_rms=H.square().sum(1).mean().sqrt().item(),
                   ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
-                  h_mu_cos=h_mu_cos, **targets, B_ratio=measure.b_ratio(W), buckets=buckets,
+                  h_mu_cos=h_mu_cos, **targets, **curvatures(H, W), B_ratio=measure.b_ratio(W),
+                  buckets=buckets,
                   residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
                                                gpt.ln_f.weight.detach().double()))
     analyze.print_table(buckets, f"rarity: {analyze.describe(args, cfg, step)}; "
