@@ -31,23 +31,35 @@ def span(key: str, rows) -> tuple:
 
 
 def mechanism(results: Path) -> dict:
-    """gaps.csv by condition and shift (g), runs.csv's validation losses and times, base.json."""
-    runs, g = read_csv(results / "runs.csv"), {}
+    """gaps.csv by condition and shift (g), bases.csv, runs.csv's bf16 runs and times, cpu.json."""
+    runs, bases, g = read_csv(results / "runs.csv"), read_csv(results / "bases.csv"), {}
     for row in read_csv(results / "gaps.csv"):
         g.setdefault(row["condition"], {})[row["shift"]] = row
     bf16 = lambda shift: [r for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)]
-    ends = lambda shift: sorted(r["val_loss_end"] for r in bf16(shift))
-    base = json.loads((results / "base.json").read_text())
+    blown = [r for r in bf16("along3000") if r["val_loss_end"] > 10 * r["val_loss_start"]]
     noise = [row for row in g["float32"].values() if row["shift"] != "none"]
     wall = [r["wall_s"] for r in runs]
+    cpu = results / "cpu.json"
     paper, = [r for r in read_csv(HERE.parent / "tests/data/oec_untied_runs.csv")
               if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
-    return dict(g=g, base=base, paper=paper, h_mean_norm=base["h_mu_proj"] / base["h_mu_cos"],
-                bf16_none=ends("none"), bf16_1000=ends("along1000"), bf16_3000=ends("along3000"),
-                l_3000=span("logit_mean_end", bf16("along3000"))[0],
+    return dict(g=g, bases=bases, n_bases=len(bases), orders=len({r["seed"] for r in runs}),
+                paper=paper, h_mean_norm=span("h_mean_norm", [
+                    b | dict(h_mean_norm=b["h_mu_proj"] / b["h_mu_cos"]) for b in bases]),
+                c_norm=span("c_norm_along1000", bases), val=span("val_loss", bases),
+                l_base=span("logit_mean", bases), mu=span("mu_norm", bases),
+                proj=span("h_mu_proj", bases), gap_1000=span("val_loss_end", bf16("along1000")),
+                gap_none=span("val_loss_end", bf16("none")), blown=len(blown),
+                n_3000=len(bf16("along3000")), blown_min=min((r["val_loss_end"] for r in blown),
+                                                            default=float("nan")),
                 noise_min=span("gap_min", noise)[0], noise_max=span("gap_max", noise)[1],
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
+                cpu=cpu_text(json.loads(cpu.read_text())) if cpu.exists() else "not recorded",
                 table=(results / "table.md").read_text().rstrip("\n"))
+
+
+def cpu_text(cpu: dict) -> str:
+    flags = ", ".join(cpu["flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
+    return f"{cpu['model']} ({flags}; torch {cpu['torch']}, kernels {cpu['capability']})"
 
 
 ALIGNMENT_PAIRS = ("base", "lr1", "small", "batch16", "seq512", "long", "dense")  # run.sh's order

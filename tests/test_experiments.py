@@ -32,14 +32,14 @@ def test_pages_read_numbers_as_floats_and_words_as_text(tmp_path):
 def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_path):
     from experiments.mechanism import mechanism
     results = EXPERIMENTS / "mechanism" / "results"
-    for name in ("gaps.csv", "curves.csv", "base.json"):
+    for name in ("runs.csv", "curves.csv", "bases.csv"):
         (tmp_path / name).write_bytes((results / name).read_bytes())
     mechanism.main(["--from_results", "--out", str(tmp_path)])
     assert (tmp_path / "table.md").read_text() == (results / "table.md").read_text()
     for figure in ("gap_vs_L.png", "logit_mean_steps.png"):
         assert (tmp_path / figure).stat().st_size > 10_000
-    (tmp_path / "gaps.csv").unlink()
-    with pytest.raises(SystemExit, match="lacks gaps.csv; run mechanism.py without --from_results"):
+    (tmp_path / "bases.csv").unlink()
+    with pytest.raises(SystemExit, match="lacks bases.csv; run mechanism.py without --from_resu"):
         mechanism.main(["--from_results", "--out", str(tmp_path)])
 
 

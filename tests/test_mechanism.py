@@ -80,30 +80,43 @@ def test_the_shifts_reach_their_mean_logit_and_the_orthogonal_one_stays_off_the_
     assert rms(ortho) < 0.2 * rms(shifts["along1000"])
 
 
-def test_gap_table_is_each_condition_against_its_own_unshifted_run(tmp_path):
-    rows = [dict(condition=cond, shift=shift, seed=seed, val_loss_start=loss + 1,
-                 val_loss_end=loss, logit_mean_drift=10 * loss)
-            for cond, shift, seed, loss in [("bf16", "none", 0, 5.0), ("bf16", "none", 1, 5.2),
-                                            ("bf16", "along1000", 0, 5.5),
-                                            ("bf16", "along1000", 1, 5.9),
-                                            ("float32", "none", 0, 4.0),
-                                            ("float32", "along1000", 0, 4.0)]]
-    shifts = {"none": dict(logit_mean=-7, c_norm=0), "along1000": dict(logit_mean=1000,
-                                                                       c_norm=9)}
-    gaps = {(g["condition"], g["shift"]): g for g in mechanism.gap_rows(rows, shifts)}
-    assert gaps["bf16", "along1000"]["gap_end_mean"] == pytest.approx(0.6)
-    assert gaps["bf16", "along1000"]["gap_end_std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
-    assert gaps["bf16", "along1000"]["gap_start_mean"] == pytest.approx(0.6)
-    assert gaps["float32", "along1000"]["gap_end_mean"] == 0
-    assert gaps["bf16", "none"]["gap_max"] == 0
-    table = mechanism.gap_table(list(gaps.values()), argparse.Namespace(steps=300, lr=0.03))
-    assert "| bf16 | +0.000 ± 0.000 | +0.600 ± 0.141 |" in table
-    assert gaps["bf16", "along1000"]["drift_mean"] == pytest.approx(57)
-    assert table.endswith("| bf16 | 51 | 57 |\n| float32 | 40 | 40 |\n")
+def test_gaps_are_against_the_unshifted_run_of_the_same_base_and_order_and_spread_by_base():
+    rows = [dict(base=base, condition=cond, shift=shift, seed=seed, val_loss_start=loss + 1,
+                 val_loss_end=loss, logit_mean_start=1000.0, logit_mean_end=1000.0 + 10 * base,
+                 logit_mean_drift=10 * loss)
+            for base, cond, shift, seed, loss in [
+                (0, "bf16", "none", 0, 5.0), (0, "bf16", "none", 1, 5.2),
+                (0, "bf16", "along1000", 0, 5.5), (0, "bf16", "along1000", 1, 5.9),
+                (1, "bf16", "none", 0, 6.0), (1, "bf16", "none", 1, 6.0),
+                (1, "bf16", "along1000", 0, 8.0), (1, "bf16", "along1000", 1, 9.0),
+                (0, "float32", "none", 0, 4.0), (0, "float32", "along1000", 0, 4.0)]]
+    gaps = {(g["condition"], g["shift"]): g for g in mechanism.gap_rows(rows)}
+    bf16 = gaps["bf16", "along1000"]  # gaps 0.5, 0.7 from base 0; 2.0, 3.0 from base 1
+    assert bf16["gap_end_mean"] == pytest.approx(1.55) and bf16["gap_start_mean"] == bf16[
+        "gap_end_mean"]
+    assert (bf16["base_mean_min"], bf16["base_mean_max"]) == pytest.approx((0.6, 2.5))
+    assert bf16["across_bases"] == pytest.approx(np.std([0.6, 2.5], ddof=1))
+    assert bf16["within_bases"] == pytest.approx(np.sqrt((0.02 + 0.5) / 2))
+    assert (bf16["gap_min"], bf16["gap_max"], bf16["runs"]) == pytest.approx((0.5, 3.0, 4))
+    assert gaps["float32", "along1000"]["gap_end_mean"] == 0 and gaps["bf16", "none"][
+        "gap_max"] == 0
+    assert list(gaps) == [("bf16", "none"), ("bf16", "along1000"), ("float32", "none"),
+                          ("float32", "along1000")]  # CONDITIONS' order, then the shifts'
+    bases = mechanism.base_rows(rows, {b: dict.fromkeys(mechanism.BASE_STATS, 0.0)
+                                       for b in (0, 1)})
+    assert [b["bf16_gap_along1000"] for b in bases] == pytest.approx([0.6, 2.5])
+    assert [b["bf16_dl_along1000"] for b in bases] == [0, 10]
+    assert "bf16_gap_along3000" not in bases[0]  # no such runs: no column
+    table = mechanism.gap_table(list(gaps.values()), bases,
+                                argparse.Namespace(steps=300, lr=0.03))
+    assert "| bf16 | +0.00 [+0.00, +0.00] ± 0.00 | +1.55 [+0.60, +2.50] ± 0.51 |" in table
+    assert "| bf16 | 56 | 71 |\n" in table  # the drift, mean over every base and order
+    assert table.endswith("| seed 1 | 0.000 | 0.00 | 0 | 0.000 | +2.50 | +10 |\n")
 
 
 def test_run_rows_drift_is_the_largest_move_of_the_mean_logit_from_its_start():
     curve = [dict(logit_mean=l, mu_norm=1.0, val_loss=5.0) for l in (-7.0, 250.0, -330.0, 150.0)]
-    cell = dict(condition="float32", shift="ortho", seed=0, curve=curve, losses=[5.0], wall_s=1)
+    cell = dict(base=0, condition="float32", shift="ortho", seed=0, curve=curve, losses=[5.0],
+                wall_s=1)
     row, = mechanism.run_rows([cell])
     assert row["logit_mean_drift"] == 323 and row["logit_mean_end"] == 150

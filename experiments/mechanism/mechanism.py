@@ -1,6 +1,6 @@
-"""The divergence mechanism in training (experiments/mechanism/README.md): every output row of an
-untied bf16 baseline, trained here, moved by one common vector c, then training continued under
-five numerics.
+"""The divergence mechanism in training (experiments/mechanism/README.md): every output row of
+untied bf16 baselines (one per initial seed), trained here, moved by one common vector c, then
+training continued under several numerics, from each base in several data orders.
 
 Exactly, a common shift of the rows changes no prediction and no AdamW step (heads.MuCenter
 derives it), so a gap to the unshifted twin is finite precision alone, but for μ-loss, whose
@@ -45,6 +45,8 @@ CONDITIONS = {
     "bf16_mu_loss": Condition("bfloat16", "mu_loss", "auto", "tab:orange", "bf16, μ-loss")}
 LEVELS = (0, 100, 300, 1000, 3000)  # the mean logits L of the `along` shifts
 ORTHO_LEVEL = 1000                  # the `ortho` shift has the length of along L = 1000
+ALL_SHIFTS = ("none", *(f"along{level:g}" for level in LEVELS), "ortho")  # in the tables' order
+SHIFTS = ("none", "along300", "along1000", "along3000", "ortho")  # those run by default
 # The base run (train.py's options): experiments/proxy/run.sh's setting at η = 0.3
 BASE = dict(size="tiny", head="baseline", lr=0.3, dtype="bfloat16", batch_size=4, seq_len=64,
             eval_every=0, eval_tokens=65536, stat_tokens=4096, log_every=100, save_every=250)
@@ -123,45 +125,54 @@ def val_windows(args):
     return list(data.val_batches(args.data, args.val_tokens, BASE["batch_size"], BASE["seq_len"]))
 
 
-def train_base(args):
-    out = Path(args.work) / "base"
+def base_dir(args, base: int) -> Path:
+    return Path(args.work) / f"base{base}"
+
+
+def train_base(job):
+    """The base run of initial seed `base` (train.py --seed; the data order is train.py's
+    sequential one, the same for every base)."""
+    args, base = job
+    out = base_dir(args, base)
     if not (out / "summary.json").exists():
         command = [sys.executable, str(ROOT / "train.py"), "--data", args.data, "--out_dir",
-                   str(out), "--steps", str(args.base_steps), "--resume", *(
+                   str(out), "--steps", str(args.base_steps), "--seed", str(base), "--resume", *(
                        arg for key, value in BASE.items() for arg in (f"--{key}", str(value)))]
-        print("mechanism: training the base run:", " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        print("mechanism: training a base run:", " ".join(command[1:]), flush=True)
+        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       stdout=subprocess.DEVNULL)
 
 
-def cell_path(args, condition: str, shift: str, seed: int) -> Path:
-    return Path(args.work) / "cells" / f"{condition}_{shift}_seed{seed}.json"
+def cell_path(args, base: int, condition: str, shift: str, seed: int) -> Path:
+    return Path(args.work) / "cells" / f"base{base}_{condition}_{shift}_seed{seed}.json"
 
 
-def base_model(args, condition: Condition):
-    ckpt = load_checkpoint(Path(args.work) / "base" / "ckpt.pt")
+def base_model(args, base: int, condition: Condition):
+    ckpt = load_checkpoint(base_dir(args, base) / "ckpt.pt")
     return ckpt, build_condition_model(ckpt["config"], ckpt["model"], condition, torch.float32)
 
 
 def run_cell(job) -> str:
     torch.set_num_threads(1)
-    args, condition, shift, seed = job
-    ckpt, model = base_model(args, CONDITIONS[condition])
-    shift_rows(model, torch.tensor(prepare_shifts(args)[shift]["c"], dtype=torch.float64))
+    args, base, condition, shift, seed = job
+    ckpt, model = base_model(args, base, CONDITIONS[condition])
+    shift_rows(model, torch.tensor(prepare_shifts(args, base)[shift]["c"], dtype=torch.float64))
     tokens = data.read_shard(data.shard_paths(args.data, "train")[0])
     batches = train_batches(tokens, seed, args.steps, BASE["batch_size"], BASE["seq_len"])
     start = time.perf_counter()
     result = continue_run(model, ckpt["optimizer"], batches, val_windows(args), args.lr,
                           CONDITIONS[condition].dtype, args.measure_every)
-    result |= dict(condition=condition, shift=shift, seed=seed, wall_s=time.perf_counter() - start)
+    result |= dict(base=base, condition=condition, shift=shift, seed=seed,
+                   wall_s=time.perf_counter() - start)
     write_json(cell_path(*job), result)
     return cell_path(*job).name
 
 
-def prepare_shifts(args):
-    path = Path(args.work) / "shifts.json"
+def prepare_shifts(args, base: int):
+    path = base_dir(args, base) / "shifts.json"
     if path.exists():
         return json.loads(path.read_text())
-    _, model = base_model(args, CONDITIONS["bf16"])
+    _, model = base_model(args, base, CONDITIONS["bf16"])
     H = torch.cat([hidden_states(model, x, amp_for("bfloat16")) for x, _ in val_windows(args)])
     W = model.output_weight.detach().double()
     shifts = {name: dict(c=c.tolist(), c_norm=c.norm().item(),
@@ -173,13 +184,17 @@ def prepare_shifts(args):
 
 def run_all(args):
     (Path(args.work) / "cells").mkdir(parents=True, exist_ok=True)
-    cells = [(args, condition, shift, seed) for seed in range(args.seeds)
-             for shift in prepare_shifts(args) for condition in args.conditions]
-    pending = [job for job in cells if not cell_path(*job).exists()]
-    print(f"mechanism: {len(cells)} runs of {args.steps} steps, {len(cells) - len(pending)} done; "
-          f"{args.jobs} at once", flush=True)
-    start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:  # one thread each
+        pool.map(train_base, [(args, base) for base in range(args.base_seeds)])
+        cells = [(args, base, condition, shift, seed) for base in range(args.base_seeds)
+                 for seed in range(args.seeds) for shift in args.shifts
+                 for condition in args.conditions]  # base by base: each one whole in turn
+        pending = [job for job in cells if not cell_path(*job).exists()]
+        print(f"mechanism: {len(cells)} runs of {args.steps} steps, {len(cells) - len(pending)} "
+              f"done; {args.jobs} at once", flush=True)
+        for base in range(args.base_seeds):
+            prepare_shifts(args, base)
+        start = time.perf_counter()
         for finished, name in enumerate(pool.imap_unordered(run_cell, pending), 1):
             eta = (time.perf_counter() - start) / finished * (len(pending) - finished)
             print(f"mechanism: {name} ({len(cells) - len(pending) + finished}/{len(cells)}, "
@@ -188,7 +203,7 @@ def run_all(args):
 
 def run_rows(cells: list[dict]) -> list[dict]:
     """runs.csv's rows; logit_mean_drift: the largest |l̄(t) − l̄(0)| over the logged steps."""
-    return [dict(condition=c["condition"], shift=c["shift"], seed=c["seed"],
+    return [dict(base=c["base"], condition=c["condition"], shift=c["shift"], seed=c["seed"],
                  logit_mean_start=c["curve"][0]["logit_mean"],
                  logit_mean_end=c["curve"][-1]["logit_mean"],
                  logit_mean_drift=max(abs(p["logit_mean"] - c["curve"][0]["logit_mean"])
@@ -199,29 +214,71 @@ def run_rows(cells: list[dict]) -> list[dict]:
             for c in cells]
 
 
-def gap_rows(rows: list[dict], shifts: dict) -> list[dict]:
-    """Per condition and shift: the validation loss minus the same condition's unshifted run's on
-    the same data order, at the start and the end, over the seeds (mean, sample std, range)."""
-    table = []
-    for condition in dict.fromkeys(r["condition"] for r in rows):
-        reference = {r["seed"]: r for r in rows
-                     if r["condition"] == condition and r["shift"] == "none"}
-        for shift in shifts:
-            runs = [r for r in rows if r["condition"] == condition and r["shift"] == shift
-                    and r["seed"] in reference]
-            if not runs:
-                continue
-            row = dict(condition=condition, shift=shift, logit_mean=shifts[shift]["logit_mean"],
-                       c_norm=shifts[shift]["c_norm"], seeds=len(runs))
-            for when in ("start", "end"):
-                gaps = [r[f"val_loss_{when}"] - reference[r["seed"]][f"val_loss_{when}"]
-                        for r in runs]
-                row |= {f"gap_{when}_mean": float(np.mean(gaps)),
-                        f"gap_{when}_std": float(np.std(gaps, ddof=1)) if len(gaps) > 1 else 0.0}
-            row |= dict(gap_min=min(gaps), gap_max=max(gaps),  # of the end gaps, the last above
-                        drift_mean=float(np.mean([r["logit_mean_drift"] for r in runs])))
-            table.append(row)
+def with_gaps(rows: list[dict]) -> list[dict]:
+    """Each shifted run with gap_start, gap_end: its validation loss minus that of the run of the
+    same base, numerics and data order without the shift."""
+    reference = {(r["base"], r["condition"], r["seed"]): r for r in rows if r["shift"] == "none"}
+    return [r | {f"gap_{when}": r[f"val_loss_{when}"] - ref[f"val_loss_{when}"]
+                 for when in ("start", "end")}
+            for r in rows if (ref := reference.get((r["base"], r["condition"], r["seed"])))]
+
+
+def gap_rows(rows: list[dict]) -> list[dict]:
+    """Per numerics and shift, the gaps of with_gaps over every base and data order: mean, range,
+    the spread across bases (sample std of the bases' means) and within them (the root mean of
+    each base's sample variance over its data orders); gap_start, the forward pass alone, does
+    not depend on the order."""
+    table, gapped = [], with_gaps(rows)
+    order = lambda key: (list(CONDITIONS).index(key[0]), ALL_SHIFTS.index(key[1]))
+    for key in sorted({(r["condition"], r["shift"]) for r in gapped}, key=order):
+        runs = [r for r in gapped if (r["condition"], r["shift"]) == key]
+        by_base = [[r["gap_end"] for r in runs if r["base"] == b]
+                   for b in dict.fromkeys(r["base"] for r in runs)]
+        means = [np.mean(g) for g in by_base]
+        ends = [r["gap_end"] for r in runs]
+        table.append(dict(condition=key[0], shift=key[1], bases=len(by_base), runs=len(runs),
+                          gap_start_mean=float(np.mean([r["gap_start"] for r in runs])),
+                          gap_end_mean=float(np.mean(ends)), gap_min=min(ends), gap_max=max(ends),
+                          base_mean_min=float(min(means)), base_mean_max=float(max(means)),
+                          across_bases=float(np.std(means, ddof=1)) if len(means) > 1 else 0.0,
+                          within_bases=float(np.sqrt(np.mean(
+                              [np.var(g, ddof=1) if len(g) > 1 else 0.0 for g in by_base]))),
+                          drift_mean=float(np.mean([r["logit_mean_drift"] for r in runs]))))
     return table
+
+
+def base_rows(rows: list[dict], summaries: dict) -> list[dict]:
+    """bases.csv: each base run's final statistics and what bf16 then does from it: the mean gap
+    and the mean change l̄(end) − l̄(start) over the data orders, at L = 1000 and 3000."""
+    gapped = with_gaps(rows)
+    table = []
+    for base, summary in summaries.items():
+        row = dict(base=base, **{k: summary[k] for k in BASE_STATS})
+        for shift in ("along1000", "along3000"):
+            runs = [r for r in gapped if (r["base"], r["condition"], r["shift"]) == (
+                base, "bf16", shift)]
+            if runs:
+                row |= {f"bf16_gap_{shift}": float(np.mean([r["gap_end"] for r in runs])),
+                        f"bf16_dl_{shift}": float(np.mean([r["logit_mean_end"] -
+                                                           r["logit_mean_start"] for r in runs]))}
+        table.append(row)
+    return table
+
+
+BASE_STATS = ("steps", "val_loss", "logit_mean", "logit_std", "mu_norm", "h_mu_proj", "h_mu_cos",
+              "c_norm_along1000")  # train.py's final statistics; ‖c‖ that takes l̄ to 1000
+
+
+def cpu_record() -> dict:
+    """What decides a bf16 run on a CPU: the model name, its bf16-related flags, torch's kernels."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                               if line.startswith(name)), "unknown")
+    flags = field("flags").split()
+    return dict(model=field("model name"), torch=torch.__version__,
+                capability=torch.backends.cpu.get_cpu_capability(),
+                flags=[f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                       if f in flags])
 
 
 def write_csv(path: Path, rows: list[dict]):
@@ -238,33 +295,52 @@ def write_results(args):
     cells = [json.loads(p.read_text()) for p in sorted((work / "cells").glob("*.json"))]
     rows = run_rows(cells)
     write_csv(out / "runs.csv", rows)
-    write_csv(out / "curves.csv", [dict(condition=c["condition"], shift=c["shift"],
-                                        seed=c["seed"], **point)
+    write_csv(out / "curves.csv", [dict(base=c["base"], condition=c["condition"],
+                                        shift=c["shift"], seed=c["seed"], **point)
                                    for c in cells for point in c["curve"]])
-    write_csv(out / "gaps.csv", gap_rows(rows, prepare_shifts(args)))  # written by run_all
-    base = json.loads((work / "base" / "summary.json").read_text())
-    write_json(out / "base.json", {k: base[k] for k in ("steps", "val_loss", "logit_mean",
-               "logit_std", "mu_norm", "h_mu_proj", "h_mu_cos") if k in base})
+    write_csv(out / "gaps.csv", gap_rows(rows))
+    summaries = {b: json.loads((base_dir(args, b) / "summary.json").read_text()) | dict(
+        c_norm_along1000=prepare_shifts(args, b)["along1000"]["c_norm"])
+                 for b in sorted({r["base"] for r in rows})}
+    write_csv(out / "bases.csv", base_rows(rows, summaries))
+    write_json(out / "cpu.json", cpu_record())
 
 
-def gap_table(gaps: list[dict], args) -> str:
+def gap_table(gaps: list[dict], bases: list[dict], args) -> str:
     conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
     shifts = list(dict.fromkeys(g["shift"] for g in gaps))
     cell = {(g["condition"], g["shift"]): g for g in gaps}
+    n_bases, n_runs = max(g["bases"] for g in gaps), max(g["runs"] for g in gaps)
 
     def table(caption: str, number) -> list[str]:
         return [caption, "", pages.markdown_table([["numerics", *map(shift_label, shifts)], *(
-            [CONDITIONS[c].label, *(number(cell[c, s]) for s in shifts)] for c in conditions)]), ""]
+            [CONDITIONS[c].label, *(number(cell[c, s]) if (c, s) in cell else "–"
+                                    for s in shifts)] for c in conditions)]), ""]
+    stats = [(name, key, form) for name, key, form in (
+        ("base", "base", "seed {:.0f}"), ("validation loss", "val_loss", "{:.3f}"),
+        ("l̄", "logit_mean", "{:.2f}"), ("‖μ‖", "mu_norm", "{:.0f}"),
+        ("h̄·μ̂", "h_mu_proj", "{:.3f}"), ("bf16 gap, L = 1000", "bf16_gap_along1000", "{:+.2f}"),
+        ("bf16 l̄ change, L = 1000", "bf16_dl_along1000", "{:+.0f}"),
+        ("bf16 gap, L = 3000", "bf16_gap_along3000", "{:+.3g}")) if key in bases[0]]
+    over = "the base" if n_bases == 1 else f"the {n_bases:.0f} bases"
+    spread = ("mean ± std over the data orders" if n_bases == 1 else "mean [range of the bases' "
+              "means] ± std over the data orders within a base (pooled)")
+    bracket = lambda g: "" if n_bases == 1 else (f" [{g['base_mean_min']:+.2f}, "
+                                                  f"{g['base_mean_max']:+.2f}]")
     return "\n".join(
         table("Validation loss right after the shift minus the same numerics' unshifted run "
-              "(nats; the forward pass alone, the same for every data order):",
+              f"(nats; the forward pass alone), mean over {over}:",
               lambda g: f"{g['gap_start_mean']:+.2g}")
-        + table(f"The same after {args.steps} steps at η = {args.lr:g}: mean ± std over "
-                f"{max(g['seeds'] for g in gaps):.0f} data orders (nats):",
-                lambda g: f"{g['gap_end_mean']:+.3f} ± {g['gap_end_std']:.3f}")
+        + table(f"The same after {args.steps} steps at η = {args.lr:g}, {n_runs:.0f} runs "
+                f"({over} × {n_runs / n_bases:.0f} data orders): {spread} (nats):",
+                lambda g: f"{g['gap_end_mean']:+.2f}{bracket(g)} ± {g['within_bases']:.2f}")
         + table("How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
-                "over the logged steps, mean over the data orders:",
-                lambda g: f"{g['drift_mean']:.0f}"))
+                "over the logged steps, mean over the runs:",
+                lambda g: f"{g['drift_mean']:.0f}")
+        + ["Each base run (train.py's final statistics over the first 4,096 validation tokens) "
+           "and bf16 from it, mean over the data orders:", "",
+           pages.markdown_table([[name for name, *_ in stats], *(
+               [form.format(b[key]) for _, key, form in stats] for b in bases)]), ""])
 
 
 def shift_label(shift: str) -> str:
@@ -274,39 +350,51 @@ def shift_label(shift: str) -> str:
 
 
 def report(out: Path, args):
-    if missing := ", ".join(n for n in ("gaps.csv", "curves.csv", "base.json")
+    if missing := ", ".join(n for n in ("runs.csv", "curves.csv", "bases.csv")
                             if not (out / n).exists()):
         raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
-    gaps, curves = pages.read_csv(out / "gaps.csv"), pages.read_csv(out / "curves.csv")
-    (out / "table.md").write_text(gap_table(gaps, args))
+    runs, curves = pages.read_csv(out / "runs.csv"), pages.read_csv(out / "curves.csv")
+    bases = pages.read_csv(out / "bases.csv")
+    (out / "table.md").write_text(gap_table(gap_rows(runs), bases, args))
     print(f"wrote {out / 'table.md'}")
-    base = json.loads((out / "base.json").read_text())
-    title = (f"untied {BASE['size']} baseline after {base['steps']:,} bf16 steps at "
-             f"η = {BASE['lr']:g}, its rows shifted by c, then {max(c['step'] for c in curves):.0f}"
-             f" steps at η = {args.lr:g}; {max(g['seeds'] for g in gaps):.0f} data orders")
-    plot_gaps(gaps, title, out / "gap_vs_L.png")
+    title = (f"untied {BASE['size']} baselines ({len(bases)} initial seeds) after "
+             f"{bases[0]['steps']:,.0f} bf16 steps at η = {BASE['lr']:g}, their rows shifted by c,"
+             f" then {max(c['step'] for c in curves):.0f} steps at η = {args.lr:g} in "
+             f"{len({r['seed'] for r in runs})} data orders")
+    plot_gaps(with_gaps(runs), title, out / "gap_vs_L.png")
     plot_logit_mean(curves, title, out / "logit_mean_steps.png")
 
 
-def plot_gaps(gaps: list[dict], title: str, path: Path):
-    shifts = [s for s in dict.fromkeys(g["shift"] for g in gaps) if s != "none"]
-    conditions = [c for c in CONDITIONS if any(g["condition"] == c for g in gaps)]
-    fig, ax = analyze.new_axes(figsize=(9, 4.6))
+BASE_MARKERS = "os^Dv"  # one marker per base run in the figures
+
+
+def plot_gaps(gapped: list[dict], title: str, path: Path):
+    """Every run's gap: a column per numerics inside each shift, a marker per base, a bar at the
+    mean of all."""
+    shifts = [s for s in ALL_SHIFTS[1:] if any(r["shift"] == s for r in gapped)]
+    conditions = [c for c in CONDITIONS if any(r["condition"] == c for r in gapped)]
+    fig, ax = analyze.new_axes(figsize=(10, 4.8))
     for i, condition in enumerate(conditions):
-        cell = [next(g for g in gaps if (g["condition"], g["shift"]) == (condition, s))
-                for s in shifts]
-        ax.errorbar([k + (i - (len(conditions) - 1) / 2) * 0.14 for k in range(len(shifts))],
-                    [g["gap_end_mean"] for g in cell], yerr=[g["gap_end_std"] for g in cell],
-                    fmt="o", capsize=2, color=CONDITIONS[condition].colour,
-                    label=CONDITIONS[condition].label)
+        colour, label = CONDITIONS[condition].colour, CONDITIONS[condition].label
+        for k, shift in enumerate(shifts):
+            x = k + (i - (len(conditions) - 1) / 2) * 0.2
+            runs = [r for r in gapped if (r["condition"], r["shift"]) == (condition, shift)]
+            for r in runs:
+                ax.scatter(x + 0.04 * (r["seed"] - 1), r["gap_end"], s=14, color=colour,
+                           marker=BASE_MARKERS[int(r["base"]) % len(BASE_MARKERS)], alpha=0.7,
+                           linewidths=0)
+            ax.hlines(np.mean([r["gap_end"] for r in runs]), x - 0.08, x + 0.08, color=colour,
+                      label=label if k == 0 else None)
+    for base in sorted({r["base"] for r in gapped}):
+        ax.scatter([], [], color="grey", marker=BASE_MARKERS[int(base) % len(BASE_MARKERS)],
+                   label=f"base seed {base:.0f}")
     ax.set_xticks(range(len(shifts)), [shift_label(s).replace(", ", "\n") for s in shifts])
     ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
-    ax.set_yticks(ticks := (-0.1, 0, 0.1, 1, 10, 100, 1000), [f"{t:g}" for t in ticks])
-    ax.set_ylim(bottom=1.2 * min(g["gap_end_mean"] - g["gap_end_std"] for g in gaps))
+    ax.set_yticks(ticks := (-1, -0.1, 0, 0.1, 1, 10, 100, 1000), [f"{t:g}" for t in ticks])
     ax.axhline(0, color="grey", lw=0.8)
     ax.set(xlabel="the common shift c of every output row",
            ylabel="val loss − the unshifted run's (nats, symlog)")
-    ax.set_title(f"{title}\nloss gap after training on, mean ± std over them", fontsize=9)
+    ax.set_title(f"{title}\nloss gap after training on: each run, a bar at the mean", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     analyze.save_figure(fig, path)
 
@@ -314,22 +402,25 @@ def plot_gaps(gaps: list[dict], title: str, path: Path):
 def plot_logit_mean(curves: list[dict], title: str, path: Path):
     panels = [s for s in ("along300", "along1000", "along3000", "ortho")
               if any(c["shift"] == s for c in curves)]
-    fig, axes = analyze.new_axes(1, len(panels), squeeze=False, figsize=(3.3 * len(panels), 3.9))
+    fig, axes = analyze.new_axes(1, len(panels), squeeze=False, figsize=(3.4 * len(panels), 4.1))
+    styles = ("-", "--", ":", "-.")
     for ax, shift in zip(axes[0], panels):
         for condition, (*_, colour, label) in CONDITIONS.items():
-            points = [(c["step"], c["logit_mean"]) for c in curves
-                      if (c["condition"], c["shift"]) == (condition, shift)]
-            steps = sorted({step for step, _ in points})
-            ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
-                    marker=".", color=colour, label=label)
+            for base in sorted({c["base"] for c in curves}):
+                points = [(c["step"], c["logit_mean"]) for c in curves
+                          if (c["base"], c["condition"], c["shift"]) == (base, condition, shift)]
+                steps = sorted({step for step, _ in points})
+                ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
+                        color=colour, linestyle=styles[int(base) % len(styles)], lw=1,
+                        label=f"{label}, base seed {base:.0f}")
         ax.set_title(shift_label(shift), fontsize=9)
         if max(abs(c["logit_mean"]) for c in curves if c["shift"] == shift) > 1e4:
             ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
         ax.set(xlabel="step after the shift", ylabel="mean logit l̄ = μ·h̄")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}\nmean logit, mean over the data orders", fontsize=9)
-    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center",
-               ncol=len(CONDITIONS), fontsize=8)
+    fig.suptitle(f"{title}\nmean logit, mean over the data orders of each base", fontsize=9)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=4,
+               fontsize=7)
     analyze.save_figure(fig, path)
 
 
@@ -345,8 +436,12 @@ def main(argv=None):
     a("--base_steps", type=store.positive_int, default=2000, help="steps of the base run")
     a("--steps", type=store.positive_int, default=300, help="steps of each continued run")
     a("--lr", type=store.positive_float, default=0.03, help="constant η of the continued runs")
+    a("--base_seeds", type=store.positive_int, default=3, help="base runs, initial seeds 0 … − 1")
     a("--seeds", type=store.positive_int, default=3, help="data orders 0 … seeds − 1")
-    a("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
+    a("--conditions", nargs="+", default=[c for c in CONDITIONS if c != "bf16_mu_loss"],
+      choices=list(CONDITIONS))
+    a("--shifts", nargs="+", default=list(SHIFTS), choices=ALL_SHIFTS,
+      help="`none` is every gap's reference")
     a("--val_tokens", type=store.positive_int, default=4096, help="validation tokens scored")
     a("--measure_every", type=store.positive_int, default=25, help="steps between l̄, val loss")
     a("--jobs", type=store.positive_int, default=2, help="runs at once (one core each)")
@@ -354,7 +449,6 @@ def main(argv=None):
     try:
         if not args.from_results:
             store.check_dataset(args.data)  # one whole dataset, before any run starts
-            train_base(args)
             run_all(args)
             write_results(args)
         report(Path(args.out), args)
