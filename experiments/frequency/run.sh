@@ -34,6 +34,7 @@ wait
 
 mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
+python experiments/frequency/trajectories.py "$RUNS" --out "$OUT/trajectories.csv"
 for run in "$RUNS"/*/*_baseline_*; do
     name=$(basename "$(dirname "$run")")_seed${run##*seed}
     python experiments/alignment/rarity.py --run "$run" --tokens 4096 --json "$OUT/rarity_$name.json" \
