@@ -26,8 +26,7 @@ DEFAULT_LAM, DEFAULT_CAP = 1e-4, 30.0  # the paper's λ (outside Sec. 5) and sof
 # L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
 L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
 SIZE_ORDER = ("tiny", "small") + PAPER_SIZES
-# What a number of a run may be, in words and as a test (NaN fails all but the losses'); sweep.py
-# checks its grid by the same rules.
+# A run's numbers: (rule in words, test), NaN failing all but the losses'; sweep.py's grid too
 RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "lam": ("a finite number ≥ 0", lambda v: math.isfinite(v) and v >= 0),
          "cap": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),

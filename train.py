@@ -135,9 +135,8 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
 
 def head_stats(sums: torch.Tensor, model: GPT, with_se: bool = False) -> dict:
     """The means over all tokens of all processes, from head_stat_sums (all-reduced here), the
-    alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (measure.mean_state_alignment):
-        h_mu_proj = h̄·μ̂ = l̄/‖μ‖ (Lemma 1 over tokens),   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1],
-    and with_se, each mean's standard error √(var/(n−1)) as <stat>_se (tokens as independent)."""
+    mean hidden state's alignment with μ (ALIGN_STATS, measure.mean_state_alignment) and, with_se,
+    each mean's standard error √(var/(n−1)) as <stat>_se (tokens as independent)."""
     sums, n = all_reduce_sum(sums), len(HEAD_STATS)
     counts = sums[2 * n:2 * n + 2]
     count = counts[[0] * len(measure.LOGIT_STATS) + [1] * len(measure.PRECISION_STATS)]
