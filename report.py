@@ -193,8 +193,7 @@ def boolean(text):
 
 
 def _typed_row(raw, l0):
-    """One CSV row typed and checked: λ and c the paper's defaults where a head uses them and
-    none is given, dropped where it ignores them; L₀ = l0, else init_loss, else L0_BY_SIZE."""
+    """One CSV row typed and checked, with λ and c where its head uses them, and its L₀."""
     row = dict(raw)
     row.update(lr=_number(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),

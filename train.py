@@ -169,8 +169,7 @@ def evaluate(model, args, ctx: Dist, amp, batches=None) -> float:
 
 @torch.no_grad()
 def final_head_stats(model: GPT, args, ctx: Dist, amp, batches=None) -> dict:
-    """HEAD_STATS, their standard errors and ALIGN_STATS over `batches` (default: the first
-    --stat_tokens validation tokens; paper: 5·10⁵ logit vectors)."""
+    """HEAD_STATS, their standard errors and ALIGN_STATS over `batches` (default: --stat_tokens)."""
     batches = val_batches(args.stat_tokens, args, ctx) if batches is None else batches
     sums = sum(head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
                for x, y in batches)
