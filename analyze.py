@@ -335,18 +335,15 @@ def write_file(path: str, content: bytes) -> None:
     store.write_atomic(store.make_folder(target.parent) / target.name, content)
 
 
-def new_axes(*grid, **options):
-    import matplotlib
-    matplotlib.use("Agg")  # figures go to files only
-    import matplotlib.pyplot as plt
-    return plt.subplots(*grid, **{"figsize": (6.4, 4.0), "layout": "constrained", **options})
+def new_axes(*grid, figsize=(6.4, 4.0), **options):  # no pyplot: files only, nothing to close
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.subplots(*grid, **options)
 
 
 def save_figure(fig, path: str) -> None:
-    import matplotlib.pyplot as plt
     image = io.BytesIO()
     fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
-    plt.close(fig)
     write_file(path, image.getvalue())
     print(f"wrote {path}")
 

@@ -67,8 +67,6 @@ def parse_args(argv=None):
         setattr(args, key, getattr(args, key) or value)
     if args.no_train and not (args.loss_tokens or args.measure):
         p.error("--no_train leaves nothing to measure; add --loss_tokens N or --measure")
-    if args.tf32 and device_type != "cuda":
-        p.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
     if args.json and args.json.is_dir():
         p.error(f"--json {args.json} is a folder; give a file in it, e.g. "
                 f"{args.json / 'bench.json'}")

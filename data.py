@@ -85,8 +85,7 @@ def shard_paths(data_dir, split):
     paths = sorted(data_dir.glob(f"*{split}*.bin"))
     for path in paths:
         if not path.is_file():
-            raise ValueError(f"{path} is named like a shard but is not a file; "
-                             f"rename or remove it")
+            raise ValueError(f"{path} is named like a shard but is not a file; rename or remove it")
     if not paths:
         raise FileNotFoundError(f"no {split} shards (*{split}*.bin) in {data_dir}; prepare them "
                                 f"with {PREPARE_HINT.format(dir=data_dir)}")

@@ -98,9 +98,8 @@ def b_bounds(weight):
 
 
 def b_ratio(weight):
-    """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0).
-    As e*ᵢ·μ = eᵢ·μ − ‖μ‖² ∈ [−B₋, B₊] (Eq. 24), B_ratio = maxᵢ|e*ᵢ·μ| / maxᵢ|eᵢ·μ| (Eq. 26): for
-    h = μ, B_ratio ≤ 1 ⇔ max|l*ᵢ| ≤ max|lᵢ|. Theorem 4 (Eq. 14), for any h: theorem4.py."""
+    """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0). What
+    it says of the logits (Eq. 26, Theorem 4): theorem4.py, the verdict's one home."""
     b_minus, b_plus, mu_sq = b_bounds(weight)
     if mu_sq == 0:
         return 1.0

@@ -112,8 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      f"{args.data[files.index(False)]} is not a file")
     args.text = args.data if all(files) else None  # tokenized into a folder by runs.open_data
     args.data = None if args.text else args.data[0]
-    if resolve_device(args, parser.error) != "cuda" and args.tf32:
-        parser.error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
+    resolve_device(args, parser.error)
     # The embeddings alone: V·D numbers (twice untied) with gradient and AdamW's 2 moments, 16 B.
     needed = 16 * args.vocab_size * SIZES[args.size]["n_embd"] * (1 if args.tie else 2)
     total = device_memory(torch.device(args.device))

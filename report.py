@@ -1,5 +1,4 @@
-"""
-report.py — a results CSV as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and runs'
+"""report.py — a results CSV as the paper's tables (2, 3, 6) and figures (2/8, 3, 4), and runs'
 logs as curves over training; sweep.py reads the run folders and writes the files.
 
 Learning-rate sensitivity (Eq. 22) of one size, tying and head over the n_η learning rates η,
@@ -27,8 +26,7 @@ DEFAULT_LAM, DEFAULT_CAP = 1e-4, 30.0  # the paper's λ (outside Sec. 5) and sof
 # L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
 L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
 SIZE_ORDER = ("tiny", "small") + PAPER_SIZES
-# What a number of a run may be, in words and as a test (NaN fails all but the losses'); sweep.py
-# checks its grid by the same rules.
+# A run's numbers: (rule in words, test), NaN failing all but the losses'; sweep.py's grid too
 RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "lam": ("a finite number ≥ 0", lambda v: math.isfinite(v) and v >= 0),
          "cap": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
@@ -54,9 +52,7 @@ SOLID = dict(ls="-", marker="o", ms=4)  # our runs
 DASHED = dict(ls="--", marker="x", ms=4, alpha=0.6)  # the paper's, with a reference CSV
 
 
-# -----------------------------------------------------------------------------
-# LRS: the runs of one size, tying and variant reduced over the learning rates
-
+# ---- LRS: the runs of one size, tying and variant reduced over the learning rates ----------
 def capped_loss(row):  # min(L(η), L₀), a diverged or non-finite run counting as L₀
     loss = row["test_loss"]
     return row["l0"] if row["diverged"] or not math.isfinite(loss) else min(loss, row["l0"])
@@ -149,9 +145,7 @@ def variant_label(variant, show_lam=False):
     return f"{head} c={cap:g}" if cap is not None and cap != DEFAULT_CAP else head
 
 
-# -----------------------------------------------------------------------------
-# reading a results CSV (sweep.py collect writes ours from the run folders)
-
+# ---- Reading a results CSV (sweep.py collect writes ours from the run folders) -------------
 def regular_file(path, hint):  # path if a regular file (a pipe would block); hint ends the error
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; {hint}")
@@ -199,8 +193,7 @@ def boolean(text):
 
 
 def _typed_row(raw, l0):
-    """One CSV row typed and checked: λ and c the paper's defaults where a head uses them and
-    none is given, dropped where it ignores them; L₀ = l0, else init_loss, else L0_BY_SIZE."""
+    """One CSV row typed and checked, with λ and c where its head uses them, and its L₀."""
     row = dict(raw)
     row.update(lr=_number(row["lr"]), tie=boolean(row["tie"]), test_loss=_number(row["test_loss"]),
                train_time_s=_number(row["train_time_s"]), init_loss=_number(row.get("init_loss")),
@@ -231,9 +224,7 @@ def label_settings(rows):
     return rows
 
 
-# -----------------------------------------------------------------------------
-# tables: Markdown (the paper's layout, what the rows are in words) + CSV (one row per cell)
-
+# ---- Tables: Markdown (the paper's layout, the rows in words) + CSV (a row per cell) -------
 LOSS, LRS = "(i) Optimal loss min_η L (↓)", "(ii) Learning rate sensitivity LRS (↓)"
 TIME = "(iii) Additional training time (↓)"
 TIME_SPREAD = 1.1  # the most max/min of one cell's run times that still measures the head
@@ -347,10 +338,8 @@ def table_csv(cells, mean="published"):
                                          extra_time(c, cells)) for c in cells])
 
 
-# -----------------------------------------------------------------------------
-# figures: Fig. 2/8 (loss vs η per column, LRS per column), Fig. 3 (logit statistics vs η),
-# Fig. 4 (λ) and curves over training, each with one legend, outside its panels
-
+# ---- Figures: Fig. 2/8 (loss and LRS vs η), 3 (logit statistics vs η), 4 (λ), curves over
+# training; each has one legend, outside its panels
 def _columns(cells):
     """{column: title} in order; a column lacking some variants (a second seed) says which ran."""
     titles, variants = {}, {c.variant for c in cells}

@@ -58,6 +58,8 @@ def resolve_device(args, error) -> str:
     if device.type == "cuda" and (device.index or 0) >= (gpus := torch.cuda.device_count()):
         error(f"--device {args.device} " + (f"names a GPU that is not there; this machine "
               f"has {gpus}" if gpus else "asks for CUDA but no GPU is visible; use --device cpu"))
+    if args.tf32 and device.type != "cuda":
+        error("--tf32 asks for TensorFloat-32 matmuls, which only CUDA GPUs have; drop it")
     if args.dtype == "auto":
         args.dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.compile is None:
@@ -122,10 +124,6 @@ def choose_cpu_threads(ctx: Dist, recorded: int | None = None) -> int | None:
         dist.all_reduce(fewest, op=dist.ReduceOp.MIN)
         torch.set_num_threads(int(fewest))
     return torch.get_num_threads()
-
-
-def cpu_threads(ctx: Dist) -> str:  # for the settings line before step 1
-    return f", {torch.get_num_threads()} CPU thread(s)" if ctx.device.type == "cpu" else ""
 
 
 def unwrap(model) -> GPT:  # the GPT inside DDP and torch.compile

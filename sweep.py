@@ -1,5 +1,4 @@
-"""
-sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
+"""sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
 results into the paper's tables and figures (drawn by report.py); README's Commands has examples.
 
 Options sweep.py does not know go to train.py after the grid's own, so they win. A point is a run
@@ -26,8 +25,7 @@ import store
 from model import SIZES
 from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
-# -----------------------------------------------------------------------------
-# the grids: the paper's (Eq. 19–21, 23) and the CPU proxy
+# ---- The grids: the paper's (Eq. 19–21, 23) and the CPU proxy ------------------------------
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
 LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
 # The paper's code draws each batch from a random shard at random windows, seeded: its grids too.
@@ -134,9 +132,7 @@ def check_axes(grid, axes):
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
 
-# -----------------------------------------------------------------------------
-# run folders: results.csv, a run's log, which are finished and do they hold what was asked
-
+# ---- Run folders: results.csv, a run's log, which are finished, do they hold what was asked --
 RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
                        "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
                        "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
@@ -270,9 +266,7 @@ def check_out(out):
                          f"another --out")
 
 
-# -----------------------------------------------------------------------------
-# launching: locally (one or several at a time) or as a SLURM job array
-
+# ---- Launching: locally (one or several at a time) or as a SLURM job array -----------------
 def train_command(run, out, extra_args, nproc_per_node=1):
     """The command line of one local run; --resume where an earlier attempt left files (killed
     before its first checkpoint, it left config.json: train.py then starts at step 0)."""
@@ -442,9 +436,7 @@ def cmd_run(args, extra_args):
     return 0
 
 
-# -----------------------------------------------------------------------------
-# collect, table, plot, curves: report.py's text and figures, written atomically
-
+# ---- collect, table, plot, curves: report.py's text and figures, written atomically ---------
 def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or not there
     for path in (Path(folder) / f"{stem}.png", Path(folder) / f"{stem}.pdf"):
         with store.open_atomic(path) as f:

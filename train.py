@@ -1,10 +1,6 @@
 """One training run with the recipe of the paper's App. A, on one process or many (torchrun DDP):
 `python train.py --help` lists the options, grouped, with an example.
 
-One optimizer step (train_step) splits the global batch of --batch_size sequences into
-A = batch_size / (micro_batch · world_size) micro-batches per process, backpropagates each loss
-as loss / A, clips the global gradient norm, steps AdamW and runs head.after_step(W).
-
 The run folder (--out_dir, one process at a time) holds config.json, log.jsonl (a line per log
 step), ckpt.pt (every --save_every steps, for --resume) and summary.json (the run is finished),
 each written whole. A run whose loss turns non-finite stops, records diverged: true and exits 0.
@@ -24,7 +20,7 @@ import measure
 from model import GPT, from_config
 from options import parse_args
 from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum,
-                  append_log, cpu_threads, device_batches, eta_seconds, log_line, peak_flops,
+                  append_log, device_batches, eta_seconds, log_line, peak_flops,
                   run_process, save_checkpoint, save_snapshot, say_compile_failure, setup, timed,
                   unwrap, val_batches, write_json)
 
@@ -74,7 +70,8 @@ class StepResult:
 
 
 def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) -> StepResult:
-    """One optimizer step: A = grad_accum micro-batches, clip, AdamW, head.after_step(W). The
+    """One optimizer step: A = grad_accum = batch_size / (micro_batch · world_size) micro-batches
+    per process, each loss backpropagated as loss / A, clip, AdamW, head.after_step(W). The
     gradient g = (1/A) Σₐ ∇loss_a averaged over processes is that of the mean loss over the global
     batch (every micro-batch has as many tokens); DDP all-reduces on the last micro-batch only.
     Nothing here waits for the device: the loss stays a tensor (its all-reduce is queued)."""
@@ -138,9 +135,8 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
 
 def head_stats(sums: torch.Tensor, model: GPT, with_se: bool = False) -> dict:
     """The means over all tokens of all processes, from head_stat_sums (all-reduced here), the
-    alignment of the mean hidden state h̄ with μ̂ = μ/‖μ‖ (measure.mean_state_alignment):
-        h_mu_proj = h̄·μ̂ = l̄/‖μ‖ (Lemma 1 over tokens),   h_mu_cos = h̄·μ̂/‖h̄‖ ∈ [−1, 1],
-    and with_se, each mean's standard error √(var/(n−1)) as <stat>_se (tokens as independent)."""
+    mean hidden state's alignment with μ (ALIGN_STATS, measure.mean_state_alignment) and, with_se,
+    each mean's standard error √(var/(n−1)) as <stat>_se (tokens as independent)."""
     sums, n = all_reduce_sum(sums), len(HEAD_STATS)
     counts = sums[2 * n:2 * n + 2]
     count = counts[[0] * len(measure.LOGIT_STATS) + [1] * len(measure.PRECISION_STATS)]
@@ -173,8 +169,7 @@ def evaluate(model, args, ctx: Dist, amp, batches=None) -> float:
 
 @torch.no_grad()
 def final_head_stats(model: GPT, args, ctx: Dist, amp, batches=None) -> dict:
-    """HEAD_STATS, their standard errors and ALIGN_STATS over `batches` (default: the first
-    --stat_tokens validation tokens; paper: 5·10⁵ logit vectors)."""
+    """HEAD_STATS, their standard errors and ALIGN_STATS over `batches` (default: --stat_tokens)."""
     batches = val_batches(args.stat_tokens, args, ctx) if batches is None else batches
     sums = sum(head_stat_sums(model, x.to(ctx.device), y.to(ctx.device), args, amp)
                for x, y in batches)
@@ -195,12 +190,12 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     summary; a loss that turns non-finite ends the run early, as diverged."""
     grad_accum = args.batch_size // (args.micro_batch * ctx.world_size)
     amp = autocast(ctx.device, args.dtype)
-    tokens_per_step = args.batch_size * args.seq_len
+    tokens_per_step, threads = args.batch_size * args.seq_len, run.config["cpu_threads"]
     say(f"{args.size} ({run.model.num_params() / 1e6:.2f}M parameters without the input "
         f"embedding), head {args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} "
         f"process(es) × {grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
         f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}"
-        f"{' compiled' * args.compile}{cpu_threads(ctx)}; "
+        f"{' compiled' * args.compile}{f', {threads} CPU thread(s)' * bool(threads)}; "
         f"{f'resuming after step {run.step} of ' if run.step else ''}{args.steps} steps")
     eval_s = log_s = 0.0  # seconds of the last evaluation and log step, for the ETA
     if run.init_loss is None:
