@@ -4,6 +4,7 @@ from its committed results, so that the page cannot drift from them (tests/test_
 """
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -126,7 +127,83 @@ def proxy(results: Path) -> dict:
                      *(f"{o['prec_ce_gap']:+.4f}" for o in shifts)]]))
 
 
-WRITTEN = dict(mechanism=mechanism, alignment=alignment, proxy=proxy)  # geometry's page is prose
+FREQUENCY_RUNS = ("uniform", "zipf", "frozen_gain_uniform", "frozen_gain_zipf")  # run.sh's sweeps
+FREQUENCY_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv; a: rarity.py's
+    ("validation loss, baseline / μ-centering", "{b[test_loss]:.3f} / {c[test_loss]:.3f}"),
+    ("‖μ‖", "{b[mu_norm]:.1f}"),
+    ("l̄ at the end (largest \\|l̄\\| logged)", "{b[logit_mean]:.2f} ({a[l_max]:.1f})"),
+    ("h̄·μ̂ (cos(h̄, μ))", "{a[h_mu_proj]:.3f} ({a[h_mu_cos]:.2f})"),
+    ("h̄·μ̂ logged over the last half", "{a[proj_low]:.3f} … {a[proj_high]:.3f}"),
+    ("‖h̄‖ / RMS ‖h‖ / ‖g‖",
+     "{a[h_mean_norm]:.3f} / {a[h_norm_rms]:.2f} / {a[ln_f_gain_norm]:.1f}"),
+    ("share of the residual's mean square in its 2 largest coordinates (\\|g\\| there)",
+     "{a[top2]:.3f} ({a[top2_gains]})"),
+    ("reach aᵢ over the training targets (mean ± std)",
+     "{a[target_reach]:.2f} ± {a[target_reach_std]:.2f}"),
+    ("reach aᵢ of never-seen rows / of tokens seen ≥ 10⁴ times", "{a[reach]}"),
+    ("curvature along μ̂ / along random directions", "{a[curv_mu]:.3g} / {a[curv_random]:.3g}"
+                                                      " ({a[curv_ratio]:.1f}×)"),
+    ("cross-entropy lost to bf16 (nats), baseline / μ-centering",
+     "{b[prec_ce_gap]:+.4f} / {c[prec_ce_gap]:+.4f}"))
+
+
+class Missing:  # a table cell of a run that was not made: "–" whatever the format
+    def __format__(self, spec: str) -> str:
+        return "–"
+
+
+NO_RUN = dict(test_loss=Missing(), prec_ce_gap=Missing())
+
+
+def frequency(results: Path) -> dict:
+    """results.csv by run (r: sweep_seed → head → row), rarity JSONs (a), trajectories.csv."""
+    r = {}
+    for row in read_csv(results / "results.csv"):
+        sweep, name = row["run"].split("/")
+        r.setdefault(f"{sweep}_seed{name.rsplit('seed', 1)[1]}", {})[row["head"]] = row
+    runs = [f"{sweep}_seed{seed}" for sweep in FREQUENCY_RUNS for seed in (0, 1)
+            if f"{sweep}_seed{seed}" in r]
+    logged = read_csv(results / "trajectories.csv")
+    a = {}
+    for k in runs:
+        a[k] = json.loads((results / f"rarity_{k}.json").read_text())
+        sweep, seed = k.rsplit("_seed", 1)
+        run = f"{sweep}/tiny_baseline_lr0.3_tie0_bfloat16_seed{seed}"
+        points = [t for t in logged if t["run"] == run]
+        late = [t["h_mu_proj"] for t in points if t["step"] > points[-1]["step"] / 2]
+        bucket = {b["counts"]: b["reach_mean"] for b in a[k]["buckets"]}
+        top = a[k]["residual_top"][:2]
+        a[k] |= dict(bucket=bucket, l_max=max(abs(t["logit_mean"]) for t in points),
+                     proj_low=min(late),
+                     proj_high=max(late), curv_ratio=a[k]["curv_mu"] / a[k]["curv_random"],
+                     top2=sum(c["share"] for c in top),
+                     top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
+                     reach=" / ".join(f"{bucket[key]:.2f}" if key in bucket else "–"
+                                      for key in ("[0, 1)", "≥ 10000")))
+    cell = lambda k, form: form.format(b=r[k]["baseline"], c=r[k].get("mu_center", NO_RUN),
+                                       a=a[k])
+    names = [k.replace("frozen_gain_", "g frozen, ").replace("_seed", ", seed ") for k in runs]
+    table = markdown_table([["", *names], *([name, *(cell(k, form) for k in runs)]
+                                            for name, form in FREQUENCY_ROWS)])
+    plain = [k for k in runs if not k.startswith("frozen")]
+    pairs = [r[k] for k in plain if "mu_center" in r[k]]
+    learned = [row for k in plain for row in r[k].values()]
+    rarities = [a[k] for k in plain]
+    times = [row["train_time_s"] for k in runs for row in r[k].values()]
+    return dict(r=r, a=a, table=table, core_min=sum(times) / 60, fastest=min(times),
+                slowest=max(times), worst_excess=max(row["test_loss"] for row in learned) - math.log(4),
+                uniform_l_max=max(a[k]["l_max"] for k in plain if k.startswith("uniform")),
+                cost_max=max(abs(r[k]["baseline"]["prec_ce_gap"]) for k in plain),
+                centering_max=max(abs(p["baseline"]["test_loss"] - p["mu_center"]["test_loss"])
+                                  for p in pairs),
+                h_mean=span("h_mean_norm", rarities), top2=span("top2", rarities),
+                l_at_old_mu=a["frozen_gain_zipf_seed0"]["h_mu_proj"] * r["zipf_seed0"][
+                    "baseline"]["mu_norm"],
+                top2_gain=max(abs(c["gain"]) for x in rarities for c in x["residual_top"][:2]))
+
+
+WRITTEN = dict(mechanism=mechanism, alignment=alignment, proxy=proxy,  # geometry's page is prose
+               frequency=frequency)
 
 
 def render(name: str) -> str:

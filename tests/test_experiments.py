@@ -49,4 +49,4 @@ def test_pages_refuses_a_page_it_does_not_write():
     done = subprocess.run([sys.executable, str(EXPERIMENTS / "pages.py"), "geometry"],
                           capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr == (
-        "pages.py: error: there is no page 'geometry'; name one of mechanism, alignment, proxy.\n")
+        "pages.py: error: there is no page 'geometry'; name one of mechanism, alignment, proxy, frequency.\n")

@@ -35,7 +35,8 @@ wait
 mkdir -p "$OUT"
 python sweep.py collect "$RUNS" --out "$OUT/results.csv"
 python experiments/frequency/trajectories.py "$RUNS" --out "$OUT/trajectories.csv"
-for run in "$RUNS"/*/*_baseline_*; do
+for run in "$RUNS"/*/*_baseline_*/; do  # the folders, not the ablation's logs beside them
+    run=${run%/}
     name=$(basename "$(dirname "$run")")_seed${run##*seed}
     python experiments/alignment/rarity.py --run "$run" --tokens 4096 --json "$OUT/rarity_$name.json" \
         $( [ "${run##*seed}" = 0 ] && echo --plot "$OUT/rarity_$name.png" )
