@@ -2,6 +2,7 @@
 the console lines, the refusal and the download sizes it quotes checked against what the code
 does, so the front page cannot drift from the code. Also: the GPT-2 vocabulary loads offline."""
 import csv
+import json
 import os
 import re
 import shlex
@@ -158,6 +159,19 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
             if r["head"] == "baseline"]
     assert len(proj) == 7
     assert f"h̄·μ̂ ends between {min(proj):.3f} and {max(proj):.3f}".replace("-", "−") in text
+    rarity = {name: json.loads((ROOT / "experiments/frequency/results" / f"rarity_{name}.json")
+                               .read_text()) for name in ("zipf_seed0", "zipf_seed1",
+                                                          "uniform_seed0", "uniform_seed1",
+                                                          "frozen_gain_zipf_seed0",
+                                                          "frozen_gain_zipf_seed1")}
+    ratio = {k: v["curv_mu"] / v["curv_random"] for k, v in rarity.items()}
+    low, high = sorted((ratio["zipf_seed0"], ratio["zipf_seed1"]))
+    assert f"curves {low:.0f}–{high:.0f}× more along μ̂" in text
+    assert f"({max(ratio['uniform_seed0'], ratio['uniform_seed1']):.1f}× on the" in text
+    plain = [v["h_mean_norm"] for k, v in rarity.items() if not k.startswith("frozen")]
+    assert f"‖h̄‖ ≤ {max(plain):.2f}" in text
+    frozen = [f"{rarity[f'frozen_gain_zipf_seed{s}']['h_mu_proj']:.1f}" for s in (0, 1)]
+    assert f"h̄·μ̂ reaches {frozen[0]} and {frozen[1]}".replace("-", "−") in text
     paper, = (r for r in rows("tests/data/oec_untied_runs.csv")
               if (r["size"], r["lr"], r["head"]) == ("16M", "3e-01", "baseline"))
     assert f"≈ {float(paper['logit_mean']) / float(paper['mu_norm']):.1f} in the paper's 16M " \
