@@ -370,10 +370,10 @@ def _finish(fig, title):
 
 
 def _log_scale(ax, scale, values):
-    """A log or symlog (linear within ±1) y axis, labelled at 1, 2, 5 × 10ᵏ within a decade."""
+    """A log or symlog (linear within ±1) y axis, labelled at 1, 2, 5 × 10ᵏ within two decades."""
     positive = [abs(v) for v in values if v != 0] or [1.0]
     low = max(min(positive), 1.0) if scale == "symlog" else min(positive)
-    subs = (1, 2, 5) if max(positive) < 10 * low else (1,)
+    subs = (1, 2, 5) if max(positive) < 100 * low else (1,)  # within two decades
     ax.set_yscale(scale, **({"linthresh": 1.0} if scale == "symlog" else {}))
     ax.yaxis.set_major_locator(ticker.SymmetricalLogLocator(base=10, linthresh=1.0, subs=subs)
                                if scale == "symlog" else ticker.LogLocator(subs=subs))
