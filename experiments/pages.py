@@ -43,7 +43,8 @@ def mechanism(results: Path) -> dict:
     cpu = results / "cpu.json"
     paper, = [r for r in read_csv(HERE.parent / "tests/data/oec_untied_runs.csv")
               if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
-    return dict(g=g, bases=bases, n_bases=len(bases), orders=len({r["seed"] for r in runs}),
+    return dict(g=g, bases=bases, n_bases=len(bases), last_base=len(bases) - 1,
+                orders=len({r["seed"] for r in runs}),
                 paper=paper, h_mean_norm=span("h_mean_norm", [
                     b | dict(h_mean_norm=b["h_mu_proj"] / b["h_mu_cos"]) for b in bases]),
                 c_norm=span("c_norm_along1000", bases), val=span("val_loss", bases),
@@ -55,7 +56,21 @@ def mechanism(results: Path) -> dict:
                 noise_min=span("gap_min", noise)[0], noise_max=span("gap_max", noise)[1],
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
                 cpu=cpu_text(json.loads(cpu.read_text())) if cpu.exists() else "not recorded",
-                table=(results / "table.md").read_text().rstrip("\n"))
+                table=(results / "table.md").read_text().rstrip("\n"),
+                drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"))
+
+
+def bf16_drift_table(runs: list[dict], shift: str = "along1000") -> str:
+    """The bf16 runs of one shift: where l̄ went, and the gap to the unshifted run of the same
+    base and data order."""
+    none = {(r["base"], r["seed"]): r["val_loss_end"] for r in runs
+            if (r["condition"], r["shift"]) == ("bf16", "none")}
+    rows = [[f"{r['base']:.0f}", f"{r['seed']:.0f}", f"{r['logit_mean_start']:,.0f}",
+             f"{r['logit_mean_end']:,.0f}", f"{r['val_loss_end'] - none[r['base'], r['seed']]:+.2f}"]
+            for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)
+            and (r["base"], r["seed"]) in none]
+    return markdown_table([["base seed", "data order", "l̄ after the shift", "l̄ 300 steps later",
+                            "gap (nats)"], *rows])
 
 
 def cpu_text(cpu: dict) -> str:

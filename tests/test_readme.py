@@ -149,11 +149,12 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
     text = flat(section("What the experiments found"))
     gap, = (r for r in rows("experiments/mechanism/results/gaps.csv")
             if (r["condition"], r["shift"]) == ("bf16", "along1000"))
-    assert f"+{float(gap['gap_end_mean']):.2f} nats at l̄ = 1,000" in text
-    blown = [r for r in rows("experiments/mechanism/results/runs.csv")
-             if (r["condition"], r["shift"]) == ("bf16", "along3000")
-             and float(r["val_loss_end"]) > float(r["val_loss_start"]) * 10]
-    assert len(blown) == 2 and "two of three bf16 runs blow up" in text
+    assert (f"has lost +{float(gap['gap_min']):.2f} to +{float(gap['gap_max']):.2f} nats"
+            in text and f"over two base runs × three data orders" in text and gap["runs"] == "6")
+    at_3000 = [r for r in rows("experiments/mechanism/results/runs.csv")
+               if (r["condition"], r["shift"]) == ("bf16", "along3000")]
+    blown = [r for r in at_3000 if float(r["val_loss_end"]) > float(r["val_loss_start"]) * 10]
+    assert len(blown) == 2 and len(at_3000) == 6 and "two of six runs blow up" in text
     assert f"(validation loss ≥ {min(float(r['val_loss_end']) for r in blown):.0f})" in text
     proj = [float(r["h_mu_proj"]) for r in rows("experiments/alignment/results/results.csv")
             if r["head"] == "baseline"]

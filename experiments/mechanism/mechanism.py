@@ -391,6 +391,7 @@ def plot_gaps(gapped: list[dict], title: str, path: Path):
     ax.set_xticks(range(len(shifts)), [shift_label(s).replace(", ", "\n") for s in shifts])
     ax.set_yscale("symlog", linthresh=0.1)  # noise of ±0.1 and divergences of 10² together
     ax.set_yticks(ticks := (-1, -0.1, 0, 0.1, 1, 10, 100, 1000), [f"{t:g}" for t in ticks])
+    ax.set_ylim(bottom=-1.2)  # gains of more than a nat would be no noise; none is that large
     ax.axhline(0, color="grey", lw=0.8)
     ax.set(xlabel="the common shift c of every output row",
            ylabel="val loss − the unshifted run's (nats, symlog)")
@@ -406,6 +407,8 @@ def plot_logit_mean(curves: list[dict], title: str, path: Path):
     styles = ("-", "--", ":", "-.")
     for ax, shift in zip(axes[0], panels):
         for condition, (*_, colour, label) in CONDITIONS.items():
+            if not any(c["condition"] == condition for c in curves):
+                continue  # not run: no empty legend entry
             for base in sorted({c["base"] for c in curves}):
                 points = [(c["step"], c["logit_mean"]) for c in curves
                           if (c["base"], c["condition"], c["shift"]) == (base, condition, shift)]
