@@ -60,15 +60,20 @@ def mechanism(results: Path) -> dict:
                 drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"))
 
 
+def with_gaps(rows: list[dict]) -> list[dict]:
+    """Each shifted run with gap_start, gap_end: its validation loss minus that of the run of the
+    same base, numerics and data order without the shift."""
+    reference = {(r["base"], r["condition"], r["seed"]): r for r in rows if r["shift"] == "none"}
+    return [r | {f"gap_{when}": r[f"val_loss_{when}"] - ref[f"val_loss_{when}"]
+                 for when in ("start", "end")}
+            for r in rows if (ref := reference.get((r["base"], r["condition"], r["seed"])))]
+
+
 def bf16_drift_table(runs: list[dict], shift: str = "along1000") -> str:
-    """The bf16 runs of one shift: where l̄ went, and the gap to the unshifted run of the same
-    base and data order."""
-    none = {(r["base"], r["seed"]): r["val_loss_end"] for r in runs
-            if (r["condition"], r["shift"]) == ("bf16", "none")}
+    """The bf16 runs of one shift: where l̄ went, and the gap of with_gaps."""
     rows = [[f"{r['base']:.0f}", f"{r['seed']:.0f}", f"{r['logit_mean_start']:,.0f}",
-             f"{r['logit_mean_end']:,.0f}", f"{r['val_loss_end'] - none[r['base'], r['seed']]:+.2f}"]
-            for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)
-            and (r["base"], r["seed"]) in none]
+             f"{r['logit_mean_end']:,.0f}", f"{r['gap_end']:+.2f}"]
+            for r in with_gaps(runs) if (r["condition"], r["shift"]) == ("bf16", shift)]
     return markdown_table([["base seed", "data order", "l̄ after the shift", "l̄ 300 steps later",
                             "gap (nats)"], *rows])
 
@@ -206,7 +211,8 @@ def frequency(results: Path) -> dict:
     rarities = [a[k] for k in plain]
     times = [row["train_time_s"] for k in runs for row in r[k].values()]
     return dict(r=r, a=a, table=table, core_min=sum(times) / 60, fastest=min(times),
-                slowest=max(times), worst_excess=max(row["test_loss"] for row in learned) - math.log(4),
+                slowest=max(times),
+                worst_excess=max(row["test_loss"] for row in learned) - math.log(4),
                 uniform_l_max=max(a[k]["l_max"] for k in plain if k.startswith("uniform")),
                 cost_max=max(abs(r[k]["baseline"]["prec_ce_gap"]) for k in plain),
                 centering_max=max(abs(p["baseline"]["test_loss"] - p["mu_center"]["test_loss"])

@@ -214,21 +214,12 @@ def run_rows(cells: list[dict]) -> list[dict]:
             for c in cells]
 
 
-def with_gaps(rows: list[dict]) -> list[dict]:
-    """Each shifted run with gap_start, gap_end: its validation loss minus that of the run of the
-    same base, numerics and data order without the shift."""
-    reference = {(r["base"], r["condition"], r["seed"]): r for r in rows if r["shift"] == "none"}
-    return [r | {f"gap_{when}": r[f"val_loss_{when}"] - ref[f"val_loss_{when}"]
-                 for when in ("start", "end")}
-            for r in rows if (ref := reference.get((r["base"], r["condition"], r["seed"])))]
-
-
 def gap_rows(rows: list[dict]) -> list[dict]:
-    """Per numerics and shift, the gaps of with_gaps over every base and data order: mean, range,
-    the spread across bases (sample std of the bases' means) and within them (the root mean of
-    each base's sample variance over its data orders); gap_start, the forward pass alone, does
-    not depend on the order."""
-    table, gapped = [], with_gaps(rows)
+    """Per numerics and shift, the gaps of pages.with_gaps over every base and data order: mean,
+    range, the spread across bases (sample std of the bases' means) and within them (the root
+    mean of each base's sample variance over its data orders); gap_start, the forward pass
+    alone, does not depend on the order."""
+    table, gapped = [], pages.with_gaps(rows)
     order = lambda key: (list(CONDITIONS).index(key[0]), ALL_SHIFTS.index(key[1]))
     for key in sorted({(r["condition"], r["shift"]) for r in gapped}, key=order):
         runs = [r for r in gapped if (r["condition"], r["shift"]) == key]
@@ -250,7 +241,7 @@ def gap_rows(rows: list[dict]) -> list[dict]:
 def base_rows(rows: list[dict], summaries: dict) -> list[dict]:
     """bases.csv: each base run's final statistics and what bf16 then does from it: the mean gap
     and the mean change l̄(end) − l̄(start) over the data orders, at L = 1000 and 3000."""
-    gapped = with_gaps(rows)
+    gapped = pages.with_gaps(rows)
     table = []
     for base, summary in summaries.items():
         row = dict(base=base, **{k: summary[k] for k in BASE_STATS})
@@ -361,7 +352,7 @@ def report(out: Path, args):
              f"{bases[0]['steps']:,.0f} bf16 steps at η = {BASE['lr']:g}, their rows shifted by c,"
              f" then {max(c['step'] for c in curves):.0f} steps at η = {args.lr:g} in "
              f"{len({r['seed'] for r in runs})} data orders")
-    plot_gaps(with_gaps(runs), title, out / "gap_vs_L.png")
+    plot_gaps(pages.with_gaps(runs), title, out / "gap_vs_L.png")
     plot_logit_mean(curves, title, out / "logit_mean_steps.png")
 
 
