@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# experiments/mechanism/: Shakespeare's plays tokenized once (scripts/shakespeare.sh), an untied
-# bf16 baseline trained for 2,000 steps, its output rows shifted by one common vector, and 105
-# continued runs of 300 steps (5 numerics × 7 shifts × 3 data orders), two at a time on one core
-# each; then results/ and the page README.md. Resumable: run it again after an interruption.
+# experiments/mechanism/: Shakespeare's plays tokenized once (scripts/shakespeare.sh), three untied
+# bf16 baselines (initial seeds 0, 1, 2) trained for 2,000 steps, each one's output rows shifted by
+# one common vector, and 180 continued runs of 300 steps (3 bases × 3 data orders × 5 shifts ×
+# 4 numerics), two at a time on one core each; then results/ and the page README.md. About 2 h 10
+# min on two idle cores. Resumable: run it again after an interruption.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -d data/shakespeare ] || bash scripts/shakespeare.sh
