@@ -41,14 +41,13 @@ AXES = ("sizes", "lrs", "heads", "ties", "lams", "caps", "dtypes", "seeds")  # -
 GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
 PAPER_GRID = dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, caps=(DEFAULT_CAP,),
                   train_args=PAPER_TRAIN_ARGS)
-GRIDS = {
+GRIDS = {  # custom: the command line gives sizes, lrs and heads
     "paper": dict(PAPER_GRID, heads=HEADS, ties=(False, True), lams=(DEFAULT_LAM,)),
     "lambda": dict(PAPER_GRID, heads=LAMBDA_HEADS, ties=(False,), lams=LAMBDAS),
     "proxy": dict(sizes=("tiny",), lrs=PROXY_LRS, heads=HEADS, ties=(False, True),
                   tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
                   dtypes=("float32", "bfloat16"), seeds=(0,), train_args=PROXY_TRAIN_ARGS),
-    "custom": dict(GRID_DEFAULTS, sizes=None, lrs=None, heads=None, ties=(False,), lams=(None,),
-                   caps=(None,)),
+    "custom": dict(GRID_DEFAULTS, ties=(False,), lams=(None,), caps=(None,)),
 }
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
 # train.py's options sweep.py sets per run (config.json names): passing one is an error
@@ -114,7 +113,7 @@ def expand_grid(grid, **given):
 
 def check_axes(grid, axes):
     """Refuse a grid with a missing axis, an unknown head or bad values (all named at once)."""
-    if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes[axis]]:
+    if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes.get(axis)]:
         raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
                          f"--lrs 1e-3 3e-3 --heads baseline mu_center)")
     if unknown := [head for head in axes["heads"] if head not in HEADS]:
@@ -132,12 +131,7 @@ def check_axes(grid, axes):
         raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
 
 
-# ---- Run folders: results.csv, a run's log, which are finished, do they hold what was asked --
-RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
-                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
-                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
-
-
+# ---- Run folders: a run's log, which are finished, do they hold what was asked -------------
 def json_object(path, missing=None):
     """The dict a JSON file holds (missing, if given, where none); anything else (a pipe) fails."""
     if missing is not None and not Path(path).exists():
@@ -148,27 +142,6 @@ def json_object(path, missing=None):
     raise ValueError(f"{path} is not a JSON object; it was not written by this project's train.py")
 
 
-def results_csv(run_root):
-    """Every summary.json under run_root -> a CSV's text (settings it lacks: config.json)."""
-    summaries = sorted(Path(run_root).rglob("summary.json"))
-    if not summaries:
-        raise FileNotFoundError(f"no summary.json under {run_root}; run `python sweep.py run "
-                                f"... --out {run_root}` first")
-    rows = []
-    for path in summaries:
-        summary = json_object(path)
-        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
-        if missing := [key for key in needed if key not in summary]:
-            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
-                             f"project's train.py")
-        config = json_object(path.with_name("config.json"), missing={})
-        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
-        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
-                   run=str(path.parent.relative_to(run_root)))                     # names
-        rows.append(row.values())
-    return report.csv_text(RESULT_COLUMNS, rows)
-
-
 def read_log(run_dir):
     path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
     try:
@@ -176,8 +149,7 @@ def read_log(run_dir):
     except ValueError:
         raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
     if not records:
-        raise ValueError(f"{path} is empty: the run has not logged a step yet; give it time, "
-                         f"or leave it out")
+        raise ValueError(f"{path} is empty: the run has not logged a step yet; wait, or omit it")
     if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
         raise ValueError(f"{path} is not a log of train.py (a line is not a JSON object with "
                          f"'step' and 'loss')")
@@ -299,6 +271,7 @@ def _start(run, cmd, slot, out, n_slots):
           f"{f' on GPU {slot}' if slot else ''}", flush=True)
     if n_slots == 1:
         return subprocess.Popen(cmd, env=env)
+    (Path(out) / "logs").mkdir(exist_ok=True)
     with open(Path(out) / "logs" / f"{run.name}.log", "a") as log:  # the run holds its own copy
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -306,8 +279,6 @@ def _start(run, cmd, slot, out, n_slots):
 def launch_local(commands, out, slots):
     """Run {run: command}, len(slots) at once; the failed ones' names. An interrupt stops all."""
     pending, running, failed, free, durations = list(commands), {}, [], list(slots), []
-    if len(slots) > 1:
-        (Path(out) / "logs").mkdir(parents=True, exist_ok=True)
     on_sigint = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # the way out of Ctrl-C
     try:
@@ -444,9 +415,31 @@ def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or n
         print(f"sweep: wrote {path}")
 
 
+RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
+                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
+                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
+
+
 def cmd_collect(args):
+    """Every summary.json under DIR -> a results CSV (settings it lacks: its config.json)."""
+    summaries = sorted(Path(args.dir).rglob("summary.json"))
+    if not summaries:
+        raise FileNotFoundError(f"no summary.json under {args.dir}; run `python sweep.py run "
+                                f"... --out {args.dir}` first")
+    rows = []
+    for path in summaries:
+        summary = json_object(path)
+        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
+        if missing := [key for key in needed if key not in summary]:
+            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
+                             f"project's train.py")
+        config = json_object(path.with_name("config.json"), missing={})
+        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
+        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
+                   run=str(path.parent.relative_to(args.dir)))                     # names
+        rows.append(row.values())
     out_csv = Path(args.out or Path(args.dir) / "results.csv")
-    store.write_atomic(out_csv, results_csv(args.dir))
+    store.write_atomic(out_csv, report.csv_text(RESULT_COLUMNS, rows))
     print(f"sweep: wrote {out_csv}")
 
 
@@ -480,8 +473,7 @@ def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names 
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", allow_abbrev=False,
                               help="launch a grid of train.py runs (other options go to train.py)")
