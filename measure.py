@@ -1,6 +1,5 @@
-"""What train.py, analyze.py and the experiments measure of an LM head: the paper's per-token
-logit statistics, what a bf16 matmul costs them, how the mean hidden state lines up with μ, and
-the bounds B₋, B₊ and B_ratio of Theorem 4. Notation as in heads.py."""
+"""What train.py, analyze.py and the experiments measure of an LM head (notation as in heads.py):
+the paper's logit statistics and their bf16 cost, h̄ along μ, and Theorem 4's B₋, B₊, B_ratio."""
 import torch
 import torch.nn.functional as F
 
@@ -35,36 +34,32 @@ def precision_stats(head, h, weight, targets, dtype, chunk=64):
     lʳ = ⌊⌊W⌋·⌊h⌋⌋ (the head's matmul, its result rounded too) and σ = std over i of l⁰ᵢ:
         prec_err_cast  = std_i(lᶜᵢ − l⁰ᵢ)/σ   input rounding: bf16 keeps 8 bits of each coordinate,
                          so a row eᵢ = μ + (eᵢ − μ) with a large μ keeps few bits of eᵢ − μ
-        prec_err_round = std_i(lʳᵢ − lᶜᵢ)/σ   result rounding: a large common offset l̄ = μ·h
-                         (Lemma 1) rounds coarsely
+        prec_err_round = std_i(lʳᵢ − lᶜᵢ)/σ   result rounding: coarse at a large l̄ = μ·h (Lemma 1)
         prec_ce_gap    = CE(lʳ) − CE(l⁰) = log Σᵢ pᵢ·e^δᵢ − δ_target,  p = softmax(l⁰), δ = lʳ − l⁰
                          (after the cap): what the loss pays for both
-    std over i, not rms: an error common to all V logits is one softmax cannot see (heads' Prop. 3
-    (iii)). Differences are formed in float32 for a bf16 matmul, float64 for a float32 one (≥ 2¹⁶×
-    finer than what is measured): each statistic is within 1e-3 (relative) of float64's (tested)."""
+    std over i, not rms: softmax cannot see an error common to all V logits (Prop. 3 (iii)).
+    Differences are formed in float32 for a bf16 matmul, float64 for a float32 one (≥ 2¹⁶× finer
+    than what is measured): each statistic is within 1e-3 (relative) of float64's (tested)."""
     wide = torch.float64 if dtype == torch.float32 else torch.float32
+    rows = []
     with torch.autocast(h.device.type, enabled=False):
-        w_low = weight.float().to(dtype)
-        w_exact = weight.float().to(wide)
+        w_low, w_exact = weight.float().to(dtype), weight.float().to(wide)
         w_cast = w_exact if dtype == torch.float32 else w_low.to(wide)
-        return torch.cat([_precision_chunk(head, c.float(), t, dtype, w_exact, w_cast, w_low)
-                          for c, t in zip(h.split(chunk), targets.split(chunk))], dim=1)
-
-
-def _precision_chunk(head, h, targets, dtype, w_exact, w_cast, w_low):
-    wide, h_low = w_exact.dtype, h.to(dtype)
-    exact = F.linear(h.to(wide), w_exact)
-    cast = exact if w_cast is w_exact else F.linear(h_low.to(wide), w_cast)
-    rounded = F.linear(h_low, w_low).to(wide)
-    capped = head.cap_logits(exact)
-    delta = (head.cap_logits(rounded) - capped).float()
-    delta -= delta.mean(dim=-1, keepdim=True)  # softmax cannot see a common part: drop it
-    p = torch.softmax(capped.float(), dim=-1)  # Σ p = 1 up to rounding, divided out below
-    ce_gap = (torch.log1p((p * torch.expm1(delta)).sum(dim=-1) / p.sum(dim=-1))
-              - delta.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-    sigma = spread(exact.float()).clamp(min=torch.finfo(torch.float32).tiny)
-    err_cast = torch.zeros_like(sigma) if cast is exact else spread((cast - exact).float()) / sigma
-    return torch.stack((ce_gap, err_cast, spread((rounded - cast).float()) / sigma)).double()
+        for h, targets in zip(h.float().split(chunk), targets.split(chunk)):
+            exact, h_low = F.linear(h.to(wide), w_exact), h.to(dtype)
+            cast = exact if w_cast is w_exact else F.linear(h_low.to(wide), w_cast)
+            rounded = F.linear(h_low, w_low).to(wide)
+            capped = head.cap_logits(exact)
+            delta = (head.cap_logits(rounded) - capped).float()
+            delta -= delta.mean(dim=-1, keepdim=True)  # softmax cannot see a common part: drop it
+            p = torch.softmax(capped.float(), dim=-1)  # Σ p = 1 up to rounding, divided out below
+            ce_gap = (torch.log1p((p * torch.expm1(delta)).sum(dim=-1) / p.sum(dim=-1))
+                      - delta.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+            sigma = spread(exact.float()).clamp(min=torch.finfo(torch.float32).tiny)
+            err_cast = (torch.zeros_like(sigma) if cast is exact
+                        else spread((cast - exact).float()) / sigma)
+            rows.append(torch.stack((ce_gap, err_cast, spread((rounded - cast).float()) / sigma)))
+    return torch.cat(rows, dim=1).double()
 
 
 def precision_stat_sums(head, h, weight, targets, dtype):
@@ -101,6 +96,4 @@ def b_ratio(weight):
     """B_ratio = max(B₋, B₊) / max(B₋ − ‖μ‖², B₊ + ‖μ‖²) (Eq. 13); 1.0 when μ = 0 (0/0). What
     it says of the logits (Eq. 26, Theorem 4): theorem4.py, the verdict's one home."""
     b_minus, b_plus, mu_sq = b_bounds(weight)
-    if mu_sq == 0:
-        return 1.0
-    return max(b_minus, b_plus) / max(b_minus - mu_sq, b_plus + mu_sq)
+    return max(b_minus, b_plus) / max(b_minus - mu_sq, b_plus + mu_sq) if mu_sq else 1.0

@@ -142,8 +142,7 @@ def tokenize_texts(texts, workers=None):
     return np.concatenate([part for doc in docs for part in [eot] + [next(encoded) for _ in doc]])
 
 
-def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replace=True,
-                 texts=None):
+def prepare_text(files, out_dir, val_fraction=VAL_FRACTION, workers=None, replace=True, texts=None):
     """Tokenize text files (`texts`: their text, if read) into `text_{train,val}_*.bin`."""
     texts = texts or read_texts(files)
     t0 = time.perf_counter()
@@ -231,7 +230,13 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
         raise ValueError(f"--tokens ({n_tokens}) must hold at least two sequences of "
                          f"--seq_len ({seq_len}) tokens")
     n_tokens -= n_tokens % seq_len                        # whole sequences only
-    _refuse_too_large(n_tokens, out_dir)
+    need, out = 2 * n_tokens, Path(out_dir).resolve()     # 2 bytes a token, in memory and on disk
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    disk = next(folder for folder in (out, *out.parents) if folder.exists())
+    if need > min(memory, free := shutil.disk_usage(disk).free):  # a sentence, not a MemoryError
+        raise ValueError(f"--tokens {n_tokens:,} needs about {need / 2**30:,.1f} GiB of memory "
+                         f"and as much disk, but this machine has {memory / 2**30:,.1f} GiB of "
+                         f"memory and {free / 2**30:,.1f} GiB free on {disk}; ask for fewer")
     if task == "repeat":
         tokens, extras = synthesize_repeat(vocab, n_tokens, seq_len, seed), {}
         summary = "the next token is the current one except at each sequence's end"
@@ -248,18 +253,6 @@ def prepare_synthetic(task, vocab, n_tokens, out_dir, seed=0, seq_len=64,
     written = store.write_dataset(out_dir, task, splits, source, extras)
     print(f"{task}: {len(tokens):,} tokens, vocab {vocab}, {summary}; "
           f"wrote {', '.join(map(str, written))}")
-
-
-def _refuse_too_large(n_tokens, out_dir):
-    """One sentence instead of a MemoryError: the tokens take 2 bytes each in memory and disk."""
-    need, out = 2 * n_tokens, Path(out_dir).resolve()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    disk = next(folder for folder in (out, *out.parents) if folder.exists())
-    free = shutil.disk_usage(disk).free
-    if need > min(memory, free):
-        raise ValueError(f"--tokens {n_tokens:,} needs about {need / 2**30:,.1f} GiB of memory "
-                         f"and as much disk, but this machine has {memory / 2**30:,.1f} GiB of "
-                         f"memory and {free / 2**30:,.1f} GiB free on {disk}; ask for fewer")
 
 
 def _npy_bytes(array):

@@ -1,8 +1,6 @@
 """Theorem 4 of the paper (Eq. 14: B_ratio ≤ 1 ⇔ maxᵢ|l*ᵢ| ≤ maxᵢ|lᵢ|) and its proof (App. B),
-audited (`python analyze.py verify`): `theorem4_audit` checks each step in exact fractions on
-the smallest counterexamples, which `exhaustive_search` finds; `b_ratio_scan` counts how often
-random h break the theorem. Notation as in heads.py: W (V×D) with rows eᵢ, μ = (1/V)·Σᵢ eᵢ,
-e*ᵢ = eᵢ − μ, lᵢ = eᵢ·h, l*ᵢ = e*ᵢ·h = lᵢ − l̄; B₋, B₊ the tight bounds of Eq. 12, B_ratio Eq. 13.
+audited in exact arithmetic (`python analyze.py verify`). Notation as in heads.py (W's rows eᵢ,
+μ, lᵢ = eᵢ·h), e*ᵢ = eᵢ − μ, l*ᵢ = e*ᵢ·h = lᵢ − l̄; B₋, B₊: Eq. 12's tight bounds, B_ratio Eq. 13.
 
 The verdict (this docstring is its one home; theorem4_audit has each step):
   • For h ∥ μ the equivalence is exact: it restates Eq. 26, B_ratio = max|e*ᵢ·μ| / max|eᵢ·μ|.
