@@ -203,9 +203,10 @@ def bench_size(args, size, publish):
         warmup_s = sum(timed(device, variant.run_step) for _ in range(args.warmup))
         eval_warmup_s = timed(device, variant.run_eval)  # the first of each compiles
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
+        peak_bytes, reserved = peak_memory(device, variant.run_step, reserved=True)
         extra[key] = {"params": variant.raw.num_params(),
                       "flops_per_token": variant.raw.flops_per_token(args.seq_len),
-                      "peak_mem_bytes": peak_memory(device, variant.run_step),
+                      "peak_mem_bytes": peak_bytes, "peak_reserved_bytes": reserved,
                       "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
                       "eval_s": timed(device, variant.run_eval, args.steps)}
         publish(rows(alone, "alone"))
