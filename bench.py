@@ -203,9 +203,10 @@ def bench_size(args, size, publish):
         warmup_s = sum(timed(device, variant.run_step) for _ in range(args.warmup))
         eval_warmup_s = timed(device, variant.run_eval)  # the first of each compiles
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
+        peak_bytes, reserved = peak_memory(device, variant.run_step, reserved=True)
         extra[key] = {"params": variant.raw.num_params(),
                       "flops_per_token": variant.raw.flops_per_token(args.seq_len),
-                      "peak_mem_bytes": peak_memory(device, variant.run_step),
+                      "peak_mem_bytes": peak_bytes, "peak_reserved_bytes": reserved,
                       "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
                       "eval_s": timed(device, variant.run_eval, args.steps)}
         publish(rows(alone, "alone"))
@@ -307,34 +308,28 @@ def bench_loss_path(args, size, publish):
     print(f"{size}, LM head alone: errors against float64, warming up …", flush=True)
     n, dim, vocab = args.loss_tokens, SIZES[size]["n_embd"], args.vocab_size
     gen = torch.Generator().manual_seed(SEED)
-    weight = (torch.randn(vocab, dim, generator=gen) / dim ** 0.5).to(device).requires_grad_()
-    h = torch.randn(n, dim, generator=gen).to(device).requires_grad_()
+    weight = (torch.randn(vocab, dim, generator=gen) / dim ** 0.5).to(device)
+    h = torch.randn(n, dim, generator=gen).to(device)
     targets = torch.randint(0, vocab, (n,), generator=gen).to(device)
     amp = train.autocast(device, args.dtype)
 
-    def loss_and_grads(fn, *inputs):
+    def loss_and_grads(fn, *inputs):  # under autocast, which leaves the float64 reference be
         inputs = [x.detach().requires_grad_() for x in inputs]
-        loss = fn(*inputs, targets)
-        return loss.detach().double(), torch.autograd.grad(loss, inputs)
-
-    def forward_backward(loss_fn):
         with amp:
-            loss = loss_fn(h, weight, targets)
-        loss.backward()
-        h.grad = weight.grad = None
+            loss = fn(*inputs, targets)
+        return loss.detach().double(), torch.autograd.grad(loss, inputs)
 
     works, errs = {}, {}
     for name in args.heads:
         ref, ref_grads = loss_and_grads(lambda *a: heads.build(name)(*a)[0], h.double(),
                                         weight.double())
         for path, loss_fn in loss_functions(name, args, device.type).items():
-            with amp:
-                loss, grads = loss_and_grads(loss_fn, h, weight)
+            loss, grads = loss_and_grads(loss_fn, h, weight)
             grad_err = max(float((g.double() - r).abs().max() / r.abs().max())  # relative
                            for g, r in zip(grads, ref_grads))
             errs[name, path] = {"loss_err": float((loss - ref).abs()), "grad_err": grad_err}
             works[name, path] = functools.partial(
-                forward_backward, torch.compile(loss_fn) if args.compile else loss_fn)
+                loss_and_grads, torch.compile(loss_fn) if args.compile else loss_fn, h, weight)
             for _ in range(args.warmup):
                 works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)

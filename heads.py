@@ -28,10 +28,8 @@ regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=t
 runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
 head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
 tokens (no NaN); ids are not checked here (that needs a device sync).
-`head.loss_path` may name a function with the same result, e.g. fused_loss.py's chunked path,
-which train.py uses by default on CPU (`python bench.py --device cpu --sizes tiny --loss_paths
-plain chunked` times both on your machine); `forward` below is the reference that runs on CUDA
-and with --loss_chunk 0, and tests/test_fused_loss.py holds the chunked path to it.
+`head.loss_path` may name a function with the same result: fused_loss.py's chunked path, train.py's
+default on CPU; `forward` below is the reference (CUDA's default, and --loss_chunk 0).
 """
 import math
 
@@ -196,10 +194,9 @@ DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()} 
 
 
 def build(name, matmul_dtype=None, **hparams):
-    """The head called `name` (one of HEADS) with `cap` (soft_cap: finite, > 0) or `lam`
-    (z_loss, mu_loss: finite, ≥ 0); None means the default and is the only value allowed for a
-    hyperparameter the head does not use (so a CLI can pass lam=None, cap=None). matmul_dtype:
-    None (the matmul runs as autocast says) or a dtype it always runs in, e.g. torch.float32."""
+    """The head called `name` (one of HEADS) with `cap` (soft_cap: finite, > 0) or `lam` (z_loss,
+    mu_loss: finite, ≥ 0); None means the default and is the only value allowed for a hyperparameter
+    the head does not use (so a CLI can pass lam=None, cap=None). matmul_dtype: see Numerics."""
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown head {name!r}; choose one of {', '.join(HEADS)}.")
