@@ -105,6 +105,17 @@ ALIGNMENT_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv
     ("minutes of training, baseline / centering", "{b[minutes]:.0f} / {c[minutes]:.0f}"))
 
 
+def rarity(path: Path, buckets: tuple) -> dict:
+    """A rarity.py JSON and its table cells: bucket (the mean reach by training count), reach (that
+    of `buckets`), top2 (the share of the residual's mean square in its 2 largest coordinates)."""
+    a = json.loads(path.read_text())
+    bucket = {b["counts"]: b["reach_mean"] for b in a["buckets"]}
+    top = a["residual_top"][:2]
+    return a | dict(bucket=bucket, top2=sum(c["share"] for c in top),
+                    top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
+                    reach=" / ".join(f"{bucket[k]:.2f}" if k in bucket else "–" for k in buckets))
+
+
 def alignment(results: Path) -> dict:
     """results.csv by pair and head (r), the baselines' rarity JSONs by pair (a), the table."""
     r = {}
@@ -112,14 +123,8 @@ def alignment(results: Path) -> dict:
         r.setdefault(row["run"].split("/")[0], {})[row["head"]] = row | dict(
             minutes=row["train_time_s"] / 60)
     pairs = [p for p in ALIGNMENT_PAIRS if p in r]
-    a = {p: json.loads((results / f"rarity_{p}.json").read_text()) for p in pairs}
-    for p in pairs:
-        bucket = {b["counts"]: b["reach_mean"] for b in a[p]["buckets"]}
-        top = a[p]["residual_top"][:2]
-        a[p] |= dict(bucket=bucket, top2=sum(c["share"] for c in top),
-                     top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
-                     reach=" / ".join(f"{bucket[k]:.2f}" if k in bucket else "–"
-                                      for k in ("[0, 1)", "[1, 10)", "≥ 10000")))
+    a = {p: rarity(results / f"rarity_{p}.json", ("[0, 1)", "[1, 10)", "≥ 10000"))
+         for p in pairs}
     table = markdown_table([["", *pairs], *([name, *(cell.format(
         b=r[p]["baseline"], c=r[p]["mu_center"], a=a[p]) for p in pairs)]
         for name, cell in ALIGNMENT_ROWS)])
@@ -186,20 +191,13 @@ def frequency(results: Path) -> dict:
     logged = read_csv(results / "trajectories.csv")
     a = {}
     for k in runs:
-        a[k] = json.loads((results / f"rarity_{k}.json").read_text())
+        a[k] = rarity(results / f"rarity_{k}.json", ("[0, 1)", "≥ 10000"))
         sweep, seed = k.rsplit("_seed", 1)
         run = f"{sweep}/tiny_baseline_lr0.3_tie0_bfloat16_seed{seed}"
         points = [t for t in logged if t["run"] == run]
         late = [t["h_mu_proj"] for t in points if t["step"] > points[-1]["step"] / 2]
-        bucket = {b["counts"]: b["reach_mean"] for b in a[k]["buckets"]}
-        top = a[k]["residual_top"][:2]
-        a[k] |= dict(bucket=bucket, l_max=max(abs(t["logit_mean"]) for t in points),
-                     proj_low=min(late),
-                     proj_high=max(late), curv_ratio=a[k]["curv_mu"] / a[k]["curv_random"],
-                     top2=sum(c["share"] for c in top),
-                     top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
-                     reach=" / ".join(f"{bucket[key]:.2f}" if key in bucket else "–"
-                                      for key in ("[0, 1)", "≥ 10000")))
+        a[k] |= dict(l_max=max(abs(t["logit_mean"]) for t in points), proj_low=min(late),
+                     proj_high=max(late), curv_ratio=a[k]["curv_mu"] / a[k]["curv_random"])
     cell = lambda k, form: form.format(b=r[k]["baseline"], c=r[k].get("mu_center", NO_RUN),
                                        a=a[k])
     names = [k.replace("frozen_gain_", "g frozen, ").replace("_seed", ", seed ") for k in runs]
