@@ -271,8 +271,7 @@ def _write_files(folder, prefix, splits, extras):
 
 
 def refuse_foreign_shards(out_dir, prefix):
-    foreign = [p.name for p in shard_files(out_dir) if not p.name.startswith(prefix + "_")]
-    if foreign:
+    if foreign := [p.name for p in shard_files(out_dir) if not p.name.startswith(prefix + "_")]:
         raise ValueError(f"{out_dir} already holds other shards ({foreign[0]}, …) that the "
                          f"loader would mix in; choose another --out folder or delete them")
 
