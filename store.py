@@ -131,8 +131,7 @@ class DiskFullError(WriteError):
     """The disk (or quota) was full while writing a file."""
 
 
-def write_atomic(path, content):
-    """Write bytes or text (UTF-8) to path atomically: see open_atomic."""
+def write_atomic(path, content):  # bytes, or text as UTF-8: see open_atomic
     with open_atomic(path) as f:
         f.write(content.encode("utf-8") if isinstance(content, str) else content)
 
