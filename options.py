@@ -73,11 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the fused "
       "LM-head loss (fused_loss.py); 0 = heads.py's plain path (default: the device's fastest)")
     tokens = math.prod(map(p.get_default, ("steps", "batch_size", "seq_len")))
-    gigabytes = ((prepare.shards_needed(tokens) + 1)  # and the val shard
-                 * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9)
+    gb = ((prepare.shards_needed(tokens) + 1)  # and the val shard
+          * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9)
     group.description = (f"The default --data downloads the {prepare.DEFAULT_DATASET} shards the "
-                         f"run reads: {gigabytes:.1f} GB\nfor the default --steps, fewer for "
-                         f"fewer.")
+                         f"run reads: {gb:.1f} GB\nfor the default --steps, fewer for fewer.")
     return p
 
 

@@ -320,17 +320,13 @@ def write_json(path, obj: dict):
 
 def append_log(path: Path, record: dict):
     """One JSON line at the end of the log, whole or not at all (a full disk's part is cut)."""
-    line = (json_text(record) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    size = os.fstat(fd).st_size
-    try:
-        while line:  # os.write may write only a part
-            line = line[os.write(fd, line):]
-    except OSError as err:
-        os.ftruncate(fd, size)
-        raise store.write_error(err, path) from None
-    finally:
-        os.close(fd)
+    with store.WatchedFile(path, "ab") as f:  # it writes all of the line, or raises WriteError
+        size = os.fstat(f.fileno()).st_size
+        try:
+            f.write((json_text(record) + "\n").encode())
+        except store.WriteError:
+            os.ftruncate(f.fileno(), size)
+            raise
 
 
 def trim_log(path: Path, last_step: int):

@@ -131,8 +131,7 @@ class DiskFullError(WriteError):
     """The disk (or quota) was full while writing a file."""
 
 
-def write_atomic(path, content):
-    """Write bytes or text (UTF-8) to path atomically: see open_atomic."""
+def write_atomic(path, content):  # bytes, or text as UTF-8: see open_atomic
     with open_atomic(path) as f:
         f.write(content.encode("utf-8") if isinstance(content, str) else content)
 
@@ -271,8 +270,7 @@ def _write_files(folder, prefix, splits, extras):
 
 
 def refuse_foreign_shards(out_dir, prefix):
-    foreign = [p.name for p in shard_files(out_dir) if not p.name.startswith(prefix + "_")]
-    if foreign:
+    if foreign := [p.name for p in shard_files(out_dir) if not p.name.startswith(prefix + "_")]:
         raise ValueError(f"{out_dir} already holds other shards ({foreign[0]}, …) that the "
                          f"loader would mix in; choose another --out folder or delete them")
 

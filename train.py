@@ -19,10 +19,9 @@ import heads
 import measure
 from model import GPT, from_config
 from options import parse_args
-from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum,
-                  append_log, device_batches, eta_seconds, log_line, peak_flops,
-                  run_process, save_checkpoint, save_snapshot, say_compile_failure, setup, timed,
-                  unwrap, val_batches, write_json)
+from runs import (TRAIN_LONGER, Dist, FiniteWatch, Run, Throughput, all_reduce_sum, append_log,
+                  device_batches, eta_seconds, log_line, peak_flops, run_process, save_checkpoint,
+                  save_snapshot, say_compile_failure, setup, timed, unwrap, val_batches, write_json)
 
 # ---- The recipe of the paper's App. A (Table 4); the options: options.py (--help) ----------
 ADAM_BETAS, ADAM_EPS = (0.9, 0.95), 1e-8
@@ -272,20 +271,16 @@ def training_loop(run: Run, args, ctx: Dist, say) -> GPT:
     return model
 
 
-def train(args, ctx: Dist) -> GPT | None:
-    """Setup, then the loop, in the run folder rank 0 locks: the model (None: already finished)."""
-    say = print if ctx.master else (lambda *a, **k: None)
-    with setup(args, ctx, say, build_model, make_optimizer) as run:
-        model = run and training_loop(run, args, ctx, say)
-    if run and run.step == args.steps and (run.out / "summary.json").exists():
-        say(f"the run is finished; {TRAIN_LONGER}")
-    return model
-
-
 def main(argv=None) -> GPT | None:
+    """Setup, then the loop, in the run folder rank 0 locks: the model (None: already finished)."""
     args = parse_args(argv)
     with run_process(args) as ctx:
-        return train(args, ctx)
+        say = print if ctx.master else (lambda *a, **k: None)
+        with setup(args, ctx, say, build_model, make_optimizer) as run:
+            model = run and training_loop(run, args, ctx, say)
+        if run and run.step == args.steps and (run.out / "summary.json").exists():
+            say(f"the run is finished; {TRAIN_LONGER}")
+        return model
 
 
 if __name__ == "__main__":
