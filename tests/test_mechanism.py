@@ -48,13 +48,16 @@ def test_a_common_shift_changes_no_prediction_in_exact_arithmetic(setting):
     base, base_run = log_probs_after(setting, "baseline", shift=False)
     shifted, shifted_run = log_probs_after(setting, "baseline", shift=True)
     centred, _ = log_probs_after(setting, "mu_center", shift=True)
-    assert (shifted - base).abs().max() < 1e-9
-    assert (centred - base).abs().max() < 1e-9
-    assert np.allclose(shifted_run["losses"], base_run["losses"], rtol=0, atol=1e-9)
+    # float64 rounds logits shifted by c·h of order 10²–10³ and 12 AdamW steps compound it:
+    # torch 2.11's AVX2 kernels leave 1.06e-9; μ-loss's real difference (below) is > 100× TOL
+    TOL = 1e-8
+    assert (shifted - base).abs().max() < TOL
+    assert (centred - base).abs().max() < TOL
+    assert np.allclose(shifted_run["losses"], base_run["losses"], rtol=0, atol=TOL)
     # the shift rides along: the mean logit differs, the validation loss does not
     assert abs(shifted_run["curve"][-1]["logit_mean"] - base_run["curve"][-1]["logit_mean"]) > 1
     assert shifted_run["curve"][-1]["val_loss"] == pytest.approx(
-        base_run["curve"][-1]["val_loss"], abs=1e-9)
+        base_run["curve"][-1]["val_loss"], abs=TOL)
 
 
 def test_mu_loss_sees_the_shift(setting):
