@@ -45,8 +45,8 @@ def precision_stats(head, h, weight, targets, dtype, chunk=64):
     with torch.autocast(h.device.type, enabled=False):
         w_low, w_exact = weight.float().to(dtype), weight.float().to(wide)
         w_cast = w_exact if dtype == torch.float32 else w_low.to(wide)
-        for h, targets in zip(h.float().split(chunk), targets.split(chunk)):
-            exact, h_low = F.linear(h.to(wide), w_exact), h.to(dtype)
+        for h_c, t_c in zip(h.float().split(chunk), targets.split(chunk)):  # a chunk of tokens
+            exact, h_low = F.linear(h_c.to(wide), w_exact), h_c.to(dtype)
             cast = exact if w_cast is w_exact else F.linear(h_low.to(wide), w_cast)
             rounded = F.linear(h_low, w_low).to(wide)
             capped = head.cap_logits(exact)
@@ -54,7 +54,7 @@ def precision_stats(head, h, weight, targets, dtype, chunk=64):
             delta -= delta.mean(dim=-1, keepdim=True)  # softmax cannot see a common part: drop it
             p = torch.softmax(capped.float(), dim=-1)  # Σ p = 1 up to rounding, divided out below
             ce_gap = (torch.log1p((p * torch.expm1(delta)).sum(dim=-1) / p.sum(dim=-1))
-                      - delta.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+                      - delta.gather(-1, t_c.unsqueeze(-1)).squeeze(-1))
             sigma = spread(exact.float()).clamp(min=torch.finfo(torch.float32).tiny)
             err_cast = (torch.zeros_like(sigma) if cast is exact
                         else spread((cast - exact).float()) / sigma)

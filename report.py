@@ -194,9 +194,10 @@ def boolean(text):
 
 def _typed_row(raw, l0):
     """One CSV row typed and checked, with λ and c where its head uses them, and its L₀."""
-    row = dict(raw, tie=boolean(raw["tie"]), diverged=boolean(raw.get("diverged") or "false"))
-    row.update({name: _number(raw.get(name)) for name in ("lr", "test_loss", "train_time_s",
-                "init_loss", *(metric for metric, _ in METRICS + PRECISION_METRICS))})
+    numbers = ("lr", "test_loss", "train_time_s", "init_loss",
+               *(metric for metric, _ in METRICS + PRECISION_METRICS))
+    row = dict(raw, tie=boolean(raw["tie"]), diverged=boolean(raw.get("diverged") or "false"),
+               **{name: _number(raw.get(name)) for name in numbers})
     row["lam"] = _number(row.get("lam"), DEFAULT_LAM) if row["head"] in LAMBDA_HEADS else None
     row["cap"] = _number(row.get("cap"), DEFAULT_CAP) if row["head"] == "soft_cap" else None
     for name, (rule, valid) in RULES.items():

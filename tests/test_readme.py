@@ -150,7 +150,7 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
     gap, = (r for r in rows("experiments/mechanism/results/gaps.csv")
             if (r["condition"], r["shift"]) == ("bf16", "along1000"))
     assert (f"has lost +{float(gap['gap_min']):.2f} to +{float(gap['gap_max']):.2f} nats"
-            in text and f"over two base runs × three data orders" in text and gap["runs"] == "6")
+            in text and "over two base runs × three data orders" in text and gap["runs"] == "6")
     at_3000 = [r for r in rows("experiments/mechanism/results/runs.csv")
                if (r["condition"], r["shift"]) == ("bf16", "along3000")]
     blown = [r for r in at_3000 if float(r["val_loss_end"]) > float(r["val_loss_start"]) * 10]
