@@ -409,6 +409,18 @@ def device_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def cpu_record() -> dict:
+    """What decides a bf16 run on a CPU: the model name, its bf16-related flags, torch's kernels."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                               if line.startswith(name)), "unknown")
+    flags = field("flags").split()
+    return dict(model=field("model name"), torch=torch.__version__,
+                capability=torch.backends.cpu.get_cpu_capability(),
+                flags=[f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                       if f in flags])
+
+
 def peak_flops(device: torch.device, dtype: str):  # dense bf16 FLOP/s of one GPU; None: unknown
     if device.type != "cuda" or dtype != "bfloat16":
         return None

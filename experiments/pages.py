@@ -78,6 +78,13 @@ def bf16_drift_table(runs: list[dict], shift: str = "along1000") -> str:
                             "gap (nats)"], *rows])
 
 
+def cpu_kernels(path: Path) -> str:  # a cpu.json in a table cell: the bf16 kernels it had
+    if not path.exists():
+        return "not recorded"
+    cpu = json.loads(path.read_text())
+    return ", ".join([cpu["capability"]] + [f for f in cpu["flags"] if "bf16" in f])
+
+
 def cpu_text(cpu: dict) -> str:
     flags = ", ".join(cpu["flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
     return f"{cpu['model']} ({flags}; torch {cpu['torch']}, kernels {cpu['capability']})"
@@ -102,7 +109,8 @@ ALIGNMENT_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv
      "{b[prec_err_round]:.4f} / {c[prec_err_round]:.4f}"),
     ("cross-entropy lost to bf16 (nats), baseline / centering",
      "{b[prec_ce_gap]:+.4f} / {c[prec_ce_gap]:+.4f}"),
-    ("minutes of training, baseline / centering", "{b[minutes]:.0f} / {c[minutes]:.0f}"))
+    ("minutes of training, baseline / centering", "{b[minutes]:.0f} / {c[minutes]:.0f}"),
+    ("the CPU that trained them (torch's kernels, bf16 flags)", "{b[cpu]}"))
 
 
 def rarity(path: Path, buckets: tuple) -> dict:
@@ -117,12 +125,11 @@ def rarity(path: Path, buckets: tuple) -> dict:
 
 
 def alignment(results: Path) -> dict:
-    """results.csv by pair and head (r), the baselines' rarity JSONs by pair (a), the table."""
-    r = {}
-    for row in read_csv(results / "results.csv"):
-        r.setdefault(row["run"].split("/")[0], {})[row["head"]] = row | dict(
-            minutes=row["train_time_s"] / 60)
-    pairs = [p for p in ALIGNMENT_PAIRS if p in r]
+    """Each pair's results_<pair>.csv by head (r) and its baseline's rarity JSON (a), the table."""
+    pairs = [p for p in ALIGNMENT_PAIRS if (results / f"results_{p}.csv").exists()]
+    r = {p: {row["head"]: row | dict(minutes=row["train_time_s"] / 60, cpu=cpu_kernels(
+        results / f"cpu_{p}.json")) for row in read_csv(results / f"results_{p}.csv")}
+         for p in pairs}
     a = {p: rarity(results / f"rarity_{p}.json", ("[0, 1)", "[1, 10)", "≥ 10000"))
          for p in pairs}
     table = markdown_table([["", *pairs], *([name, *(cell.format(

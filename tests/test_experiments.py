@@ -1,5 +1,6 @@
 """experiments/: every page is what pages.py writes from the committed results, byte for byte,
 and every command a page shows names a script that is there."""
+import json
 import re
 from pathlib import Path
 
@@ -27,6 +28,23 @@ def test_every_command_on_a_page_names_a_script_that_exists(name):
 def test_pages_read_numbers_as_floats_and_words_as_text(tmp_path):
     (tmp_path / "t.csv").write_text("name,value,flag\nbf16,1e-3,false\n")
     assert pages.read_csv(tmp_path / "t.csv") == [dict(name="bf16", value=1e-3, flag="false")]
+
+
+def test_an_alignment_pair_stands_alone_and_names_the_cpu_that_trained_it(tmp_path):
+    """run.sh PAIR rewrites only that pair's files: the page takes the pairs it finds, each with
+    its own CPU (the committed pairs predate cpu_<pair>.json)."""
+    for path in (EXPERIMENTS / "alignment" / "results").iterdir():
+        if path.suffix in (".csv", ".json"):
+            (tmp_path / path.name).write_bytes(path.read_bytes())
+    (tmp_path / "results_lr1.csv").unlink()
+    (tmp_path / "cpu_base.json").write_text(json.dumps(dict(
+        model="a CPU", torch="2.13.0+cpu", capability="AVX512",
+        flags=["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"])))
+    page = pages.alignment(tmp_path)
+    assert list(page["r"]) == ["base", "small", "batch16", "seq512", "long", "dense"]
+    assert page["table"].splitlines()[-1] == (
+        "| the CPU that trained them (torch's kernels, bf16 flags) | AVX512, avx512_bf16, "
+        "amx_bf16 |" + " not recorded |" * 5)
 
 
 def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_path):

@@ -156,8 +156,8 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
     blown = [r for r in at_3000 if float(r["val_loss_end"]) > float(r["val_loss_start"]) * 10]
     assert len(blown) == 2 and len(at_3000) == 6 and "two of six runs blow up" in text
     assert f"(validation loss ≥ {min(float(r['val_loss_end']) for r in blown):.0f})" in text
-    proj = [float(r["h_mu_proj"]) for r in rows("experiments/alignment/results/results.csv")
-            if r["head"] == "baseline"]
+    proj = [float(r["h_mu_proj"]) for path in (ROOT / "experiments/alignment/results").glob(
+        "results_*.csv") for r in rows(path) if r["head"] == "baseline"]
     assert len(proj) == 7
     assert f"h̄·μ̂ ends between {min(proj):.3f} and {max(proj):.3f}".replace("-", "−") in text
     rarity = {name: json.loads((ROOT / "experiments/frequency/results" / f"rarity_{name}.json")

@@ -8,11 +8,13 @@
 # mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
 #   bash experiments/alignment/run.sh [VARIANT ...]   # default: base lr1 small batch16 seq512 long dense
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
+# Each pair writes only its own files, so the pairs can be trained in different sessions.
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
 # so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
-# One core per run, two runs at once. Then experiments/alignment/results/ gets results.csv, curves_<v>.png
-# and, for each baseline, rarity_<v>.json and .png (rarity.py: what holds h̄·μ̂); last, the page
-# experiments/alignment/README.md.
+# One core per run, two runs at once. Then experiments/alignment/results/ gets, for each pair v,
+# results_<v>.csv (sweep.py collect), cpu_<v>.json (the CPU that trained it: bf16 runs differ
+# between CPUs' kernels), curves_<v>.png and its baseline's rarity_<v>.json and .png (rarity.py:
+# what holds h̄·μ̂); last, the page experiments/alignment/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/alignment}
@@ -43,8 +45,9 @@ for v in "${variants[@]}"; do
 done
 
 mkdir -p "$OUT"
-python sweep.py collect "$RUNS" --out "$OUT/results.csv"
 for v in "${variants[@]}"; do
+    python sweep.py collect "$RUNS/$v" --out "$OUT/results_$v.csv"
+    python -c "import runs; runs.write_json('$OUT/cpu_$v.json', runs.cpu_record())"
     python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
     python experiments/alignment/rarity.py --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
         --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"

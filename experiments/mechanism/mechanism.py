@@ -30,7 +30,7 @@ import heads
 import store
 import train
 from model import from_config, load_checkpoint
-from runs import write_json
+from runs import cpu_record, write_json
 
 
 # train.py's --dtype (the body's autocast), --head and --head_dtype; the figures' colour and label
@@ -258,18 +258,6 @@ def base_rows(rows: list[dict], summaries: dict) -> list[dict]:
 
 BASE_STATS = ("steps", "val_loss", "logit_mean", "logit_std", "mu_norm", "h_mu_proj", "h_mu_cos",
               "c_norm_along1000")  # train.py's final statistics; ‖c‖ that takes l̄ to 1000
-
-
-def cpu_record() -> dict:
-    """What decides a bf16 run on a CPU: the model name, its bf16-related flags, torch's kernels."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                               if line.startswith(name)), "unknown")
-    flags = field("flags").split()
-    return dict(model=field("model name"), torch=torch.__version__,
-                capability=torch.backends.cpu.get_cpu_capability(),
-                flags=[f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-                       if f in flags])
 
 
 def write_csv(path: Path, rows: list[dict]):
