@@ -32,13 +32,18 @@ def span(key: str, rows) -> tuple:
 
 
 def mechanism(results: Path) -> dict:
-    """gaps.csv by condition and shift (g), bases.csv, runs.csv's bf16 runs and times, cpu.json."""
+    """gaps.csv by condition and shift (g), bases.csv, runs.csv's bf16 runs and times, cpu.json;
+    other: the same of the runs of another CPU in other_cpu/."""
     runs, bases, g = read_csv(results / "runs.csv"), read_csv(results / "bases.csv"), {}
     for row in read_csv(results / "gaps.csv"):
         g.setdefault(row["condition"], {})[row["shift"]] = row
     bf16 = lambda shift: [r for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)]
     blown = [r for r in bf16("along3000") if r["val_loss_end"] > 10 * r["val_loss_start"]]
     noise = [row for row in g["float32"].values() if row["shift"] != "none"]
+    cured = [row for c in ("float32", "bf16_f32_head", "bf16_mu_center") for row in g[c].values()
+             if row["shift"] != "none"]
+    ortho_f32 = [r for r in runs if r["shift"] == "ortho" and r["condition"] in (
+        "float32", "bf16_f32_head")]
     wall = [r["wall_s"] for r in runs]
     cpu = results / "cpu.json"
     paper, = [r for r in read_csv(HERE.parent / "tests/data/oec_untied_runs.csv")
@@ -49,15 +54,18 @@ def mechanism(results: Path) -> dict:
                     b | dict(h_mean_norm=b["h_mu_proj"] / b["h_mu_cos"]) for b in bases]),
                 c_norm=span("c_norm_along1000", bases), val=span("val_loss", bases),
                 l_base=span("logit_mean", bases), mu=span("mu_norm", bases),
-                proj=span("h_mu_proj", bases), gap_1000=span("val_loss_end", bf16("along1000")),
-                gap_none=span("val_loss_end", bf16("none")), blown=len(blown),
+                proj=span("h_mu_proj", bases), blown=len(blown),
                 n_3000=len(bf16("along3000")), blown_min=min((r["val_loss_end"] for r in blown),
                                                             default=float("nan")),
                 noise_min=span("gap_min", noise)[0], noise_max=span("gap_max", noise)[1],
+                cured=(span("gap_min", cured)[0], span("gap_max", cured)[1]),
+                ortho_l=span("logit_mean_end", bf16("ortho")),
+                ortho_l_f32=max(abs(r["logit_mean_end"]) for r in ortho_f32),
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
                 cpu=cpu_text(json.loads(cpu.read_text())) if cpu.exists() else "not recorded",
                 table=(results / "table.md").read_text().rstrip("\n"),
-                drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"))
+                drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"),
+                other=mechanism(results / "other_cpu") if (results / "other_cpu").is_dir() else {})
 
 
 def with_gaps(rows: list[dict]) -> list[dict]:

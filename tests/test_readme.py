@@ -147,14 +147,16 @@ def rows(path: str) -> list[dict]:
 
 def test_the_numbers_the_front_page_quotes_are_the_committed_results():
     text = flat(section("What the experiments found"))
-    gap, = (r for r in rows("experiments/mechanism/results/gaps.csv")
-            if (r["condition"], r["shift"]) == ("bf16", "along1000"))
+    gap, other = (next(r for r in rows(f"experiments/mechanism/results/{folder}gaps.csv")
+                       if (r["condition"], r["shift"]) == ("bf16", "along1000"))
+                  for folder in ("", "other_cpu/"))  # this CPU's bf16 gaps at L = 1000, another's
     assert (f"has lost +{float(gap['gap_min']):.2f} to +{float(gap['gap_max']):.2f} nats"
-            in text and "over two base runs × three data orders" in text and gap["runs"] == "6")
+            in text and "over three base runs × three data orders" in text and gap["runs"] == "9")
+    assert f"lost +{float(other['gap_min']):.2f} to +{float(other['gap_max']):.2f} nats" in text
     at_3000 = [r for r in rows("experiments/mechanism/results/runs.csv")
                if (r["condition"], r["shift"]) == ("bf16", "along3000")]
     blown = [r for r in at_3000 if float(r["val_loss_end"]) > float(r["val_loss_start"]) * 10]
-    assert len(blown) == 2 and len(at_3000) == 6 and "two of six runs blow up" in text
+    assert len(blown) == 7 and len(at_3000) == 9 and "seven of nine runs blow up" in text
     assert f"(validation loss ≥ {min(float(r['val_loss_end']) for r in blown):.0f})" in text
     proj = [float(r["h_mu_proj"]) for path in (ROOT / "experiments/alignment/results").glob(
         "results_*.csv") for r in rows(path) if r["head"] == "baseline"]
