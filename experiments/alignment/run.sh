@@ -47,7 +47,7 @@ done
 mkdir -p "$OUT"
 for v in "${variants[@]}"; do
     python sweep.py collect "$RUNS/$v" --out "$OUT/results_$v.csv"
-    python -c "import runs; runs.write_json('$OUT/cpu_$v.json', runs.cpu_record())"
+    python -c 'import runs, sys; runs.write_json(sys.argv[1], runs.cpu_record())' "$OUT/cpu_$v.json"
     python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
     python experiments/alignment/rarity.py --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
         --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"
