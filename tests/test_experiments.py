@@ -45,6 +45,7 @@ def test_an_alignment_pair_stands_alone_and_names_the_cpu_that_trained_it(tmp_pa
     assert page["table"].splitlines()[-1] == (
         "| the CPU that trained them (torch's kernels, bf16 flags) | AVX512, avx512_bf16, "
         "amx_bf16 |" + " not recorded |" * 5)
+    assert page["unrecorded"] == "`small`, `batch16`, `seq512`, `long`, `dense`"
 
 
 def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_path):
