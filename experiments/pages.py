@@ -45,7 +45,6 @@ def mechanism(results: Path) -> dict:
     ortho_f32 = [r for r in runs if r["shift"] == "ortho" and r["condition"] in (
         "float32", "bf16_f32_head")]
     wall = [r["wall_s"] for r in runs]
-    cpu = results / "cpu.json"
     paper, = [r for r in read_csv(HERE.parent / "tests/data/oec_untied_runs.csv")
               if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
     return dict(g=g, bases=bases, n_bases=len(bases), last_base=len(bases) - 1,
@@ -62,7 +61,7 @@ def mechanism(results: Path) -> dict:
                 ortho_l=span("logit_mean_end", bf16("ortho")),
                 ortho_l_f32=max(abs(r["logit_mean_end"]) for r in ortho_f32),
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
-                cpu=cpu_text(json.loads(cpu.read_text())) if cpu.exists() else "not recorded",
+                cpu=cpu_text(json.loads((results / "cpu.json").read_text())),
                 table=(results / "table.md").read_text().rstrip("\n"),
                 drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"),
                 other=mechanism(results / "other_cpu") if (results / "other_cpu").is_dir() else {})

@@ -37,13 +37,14 @@ def test_an_alignment_pair_stands_alone_and_names_the_cpu_that_trained_it(tmp_pa
         if path.suffix in (".csv", ".json") and not path.name.startswith("cpu_"):
             (tmp_path / path.name).write_bytes(path.read_bytes())
     (tmp_path / "results_lr1.csv").unlink()
-    for pair in ("base", "small", "batch16", "seq512", "long", "dense"):
-        flags = ["avx2"] if pair == "base" else ["avx2", "avx512f", "avx512_bf16"]
+    pairs = ["base", "small", "batch16", "seq512", "long", "dense"]
+    for pair in pairs:
+        capability, flags = ("AVX2", ["avx2"]) if pair == "base" else (
+            "AVX512", ["avx2", "avx512f", "avx512_bf16"])
         (tmp_path / f"cpu_{pair}.json").write_text(json.dumps(dict(
-            model="a CPU", torch="2.13.0+cpu", capability="AVX2" if pair == "base" else "AVX512",
-            flags=flags)))
+            model="a CPU", torch="2.13.0+cpu", capability=capability, flags=flags)))
     page = pages.alignment(tmp_path)
-    assert list(page["r"]) == ["base", "small", "batch16", "seq512", "long", "dense"]
+    assert list(page["r"]) == pairs
     assert page["table"].splitlines()[-1] == (
         "| the CPU that trained them (torch's kernels, bf16 flags) | AVX2 |"
         + " AVX512, avx512_bf16 |" * 5)
