@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
 import prepare
@@ -79,19 +79,30 @@ class Dist:
     def master(self) -> bool:  # global rank 0 alone prints and writes files
         return self.rank == 0
 
+    def say(self, *lines):
+        """Print on rank 0; once stdout's reader is gone (`| head`), the run goes on silently."""
+        if not self.master:
+            return
+        try:
+            print(*lines, flush=True)
+        except BrokenPipeError:  # stdout now leads nowhere, so that no later print fails
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
 
 @contextlib.contextmanager
 def run_process(args):
     """This process's Dist, in torchrun's group (NCCL or gloo); a full disk or Ctrl-C: one line."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt from now
     world_size, device = int(os.environ.get("WORLD_SIZE", 1)), torch.device(args.device)
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     cuda = device.type == "cuda"
-    if cuda:  # "cuda" means the first GPU; under torchrun, the process's own
-        device = torch.device("cuda", local_rank if world_size > 1 else device.index or 0)
-        torch.cuda.set_device(device)
-    if world_size > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     try:
+        if cuda:  # "cuda" means the first GPU; under torchrun, the process's own
+            device = torch.device("cuda", local_rank if world_size > 1 else device.index or 0)
+            torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # TF32 if asked
+        if world_size > 1:
+            dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
         yield Dist(rank, local_rank, world_size, device)
     except store.WriteError as err:  # a full disk, a folder that cannot be written
         fail(str(err))
@@ -126,21 +137,11 @@ def choose_cpu_threads(ctx: Dist, recorded: int | None = None) -> int | None:
     return torch.get_num_threads()
 
 
-def unwrap(model) -> GPT:  # the GPT inside DDP and torch.compile
-    model = model.module if isinstance(model, DDP) else model
-    return getattr(model, "_orig_mod", model)
-
-
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:  # Σ over processes, in place
-    if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
 # The data: made ready once per node, checked before any step
-def open_data(args, ctx: Dist, say):
+def ready_data(args, ctx: Dist) -> data.ShardLoader:
     """Local rank 0 readies --data (make_ready) while its node's other ranks wait at a barrier;
-    then the rank's loader, the data's fingerprint (for --resume), token counts cut to the val's."""
+    then the data's fingerprint (for --resume), --eval_tokens and --stat_tokens cut to what the
+    val split holds, and this rank's train loader (its shards checked against what a step reads)."""
     waiting = dist.new_group(backend="gloo", timeout=timedelta(hours=24)) \
         if ctx.world_size > 1 else None  # gloo: NCCL's 10 minutes are too short for a download
     problem = make_ready(args) if ctx.local_rank == 0 else ""
@@ -151,23 +152,21 @@ def open_data(args, ctx: Dist, say):
         fail(problem or "preparing or checking the data failed on another process")
     if args.text and ctx.local_rank != 0:
         args.data = str(prepare.text_dataset(args.text, TEXT_CACHE))  # finds rank 0's folder
+    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
     try:
         args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
-                                  ctx.world_size, "train", args.data_order, args.seed)
-        val = [data.shard_length(path) for path in data.shard_paths(args.data, "val")]
+                                  ctx.world_size, "train", args.data_order, args.seed,
+                                  step_rows=args.batch_size)  # this rank's rows of each step
+        held = step * data.val_steps_held(args.data, args.micro_batch, args.seq_len,
+                                          ctx.world_size)
     except (FileNotFoundError, ValueError) as err:
         fail(str(err))
-    step = ctx.world_size * args.micro_batch * args.seq_len  # val tokens per evaluation step
-    held = sum((n - 1) // step for n in val) * step  # as data.val_batches counts them
-    if held == 0:
-        fail(f"the val split of {args.data} holds fewer than the {step + 1:,} tokens of one "
-             f"evaluation step (processes × --micro_batch × --seq_len + 1)")
     for name in ("eval_tokens", "stat_tokens"):
         if getattr(args, name) > held:
-            say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
-                f"its {held:,} tokens")
-            setattr(args, name, held)
+            ctx.say(f"--{name} {getattr(args, name):,} is more than the val split holds: using "
+                    f"its {held:,} tokens")
+        setattr(args, name, min(held, max(step, getattr(args, name))))  # ≥ 1 micro-batch a rank
     return loader
 
 
@@ -193,22 +192,6 @@ def make_ready(args) -> str:
         return ""
     except (RuntimeError, OSError, ValueError) as err:
         return str(err)
-
-
-def val_batches(tokens: int, args, ctx: Dist):  # this rank's share, ≥ 1 micro-batch per rank
-    tokens = max(tokens, ctx.world_size * args.micro_batch * args.seq_len)
-    return data.val_batches(args.data, tokens, args.micro_batch, args.seq_len, ctx.rank,
-                            ctx.world_size)
-
-
-# The device: batches moved to it, and its losses read without waiting for it
-def device_batches(loader, device):  # loader.next_batch, moved there (from pinned memory)
-    def next_batch():
-        x, y = loader.next_batch()
-        if device.type == "cuda":
-            x, y = x.pin_memory(), y.pin_memory()
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    return next_batch
 
 
 class FiniteWatch:
@@ -275,7 +258,7 @@ def run_folder_lock(out: Path):
             raise
 
 
-def check_run_folder(args, out: Path, config: dict) -> bool:
+def check_run_folder(args, out: Path, config: dict, say) -> bool:
     """False: --resume finds the run finished; refuses a run without --resume, another's with it."""
     files = sorted(path.name for path in out.iterdir() if path.name != LOCK)
     if files and not args.resume:
@@ -291,7 +274,7 @@ def check_run_folder(args, out: Path, config: dict) -> bool:
              f"a run to resume; choose another --out_dir")
     refuse_other_settings(out, recorded, config)
     if (out / "summary.json").exists():
-        print(f"{out / 'summary.json'} exists: the run is finished, nothing to do; {TRAIN_LONGER}")
+        say(f"{out / 'summary.json'} exists: the run is finished, nothing to do; {TRAIN_LONGER}")
         return False
     return True
 
@@ -341,26 +324,8 @@ def trim_log(path: Path, last_step: int):
     store.write_atomic(path, "".join(kept))
 
 
-def save_checkpoint(out: Path, model: GPT, optimizer, loader, step: int, config: dict,
-                    init_loss: float, train_time: float):
-    """ckpt.pt: what --resume needs, weights_only-loadable; the unwrapped model's weights, so
-    compiled and eager runs resume each other; the loader position is the same on every rank."""
-    device = model.output_weight.device
-    rng = {"torch": torch.get_rng_state(),
-           **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
-    with store.open_atomic(out / "ckpt.pt") as f:  # a unique temporary file, fsynced, renamed
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                    "loader": loader.state_dict(), "rng": rng, "config": config,
-                    "init_loss": init_loss, "train_time_s": train_time}, f)
-
-
-def save_snapshot(out: Path, model: GPT, step: int, config: dict):  # for analyze.py's curves
-    with store.open_atomic(out / f"ckpt_step{step:07d}.pt") as f:
-        torch.save({"model": model.state_dict(), "step": step, "config": config}, f)
-
-
-def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> dict:
-    """Model, optimizer, loader and RNG from ckpt.pt; its step, init_loss, train_time_s, config."""
+def restore(path: Path, config: dict, model: GPT, optimizer, loader, device):
+    """Model, optimizer, loader and RNG from ckpt.pt; its Progress and the config it recorded."""
     def refuse(reason):
         fail(f"{path} {reason}; delete it to start afresh")
     try:
@@ -393,7 +358,99 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device) -> 
             if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
                 refuse(f"holds optimizer state {name} of shape {tuple(value.shape)} for "
                        f"parameter {number} of shape {tuple(param.shape)}")
-    return {key: ckpt[key] for key in ("step", "init_loss", "train_time_s", "config")}
+    return Progress(ckpt["step"], ckpt["init_loss"], ckpt["train_time_s"]), ckpt["config"]
+
+
+
+@dataclass
+class Progress:  # what a checkpoint carries besides the weights, the optimizer and the loader
+    step: int = 0                    # optimizer steps done
+    init_loss: float | None = None   # val loss before training; None until measured
+    train_time_s: float = 0.0        # training seconds so far
+
+
+class RunFolder:
+    """The run folder as train.py writes it: rank 0 writes, on other ranks each call does nothing.
+    Files: config.json, log.jsonl (a line per log step), ckpt.pt (every --save_every steps, for
+    --resume), ckpt_step*.pt (--keep_every) and summary.json (the run is finished), each whole."""
+
+    def __init__(self, out: Path, config: dict, loader: data.ShardLoader, ctx: Dist):
+        self.out, self.config, self.loader, self.ctx = out, config, loader, ctx
+
+    def resume(self, args, model: GPT, optimizer) -> Progress:
+        """With --resume and a ckpt.pt: model, optimizer, loader and RNG restored, its Progress;
+        else a fresh one. Then the CPU threads, config.json, and the log cut to the step."""
+        progress, recorded, ckpt = Progress(), {}, self.out / "ckpt.pt"
+        if args.resume and ckpt.exists():
+            progress, recorded = restore(ckpt, self.config, model, optimizer, self.loader,
+                                         self.ctx.device)
+        elif args.resume:
+            self.ctx.say(f"{self.out} holds no ckpt.pt: the run starts at step 0")
+        if changed := [key for key in ROUNDING
+                       if key in recorded and recorded[key] != self.config[key]]:
+            self.ctx.say(f"--resume with {', '.join(f'{k} {self.config[k]}' for k in changed)}, "
+                         f"not the run's {', '.join(str(recorded[k]) for k in changed)}: the "
+                         f"same run, rounded otherwise")
+        self.config["cpu_threads"] = choose_cpu_threads(self.ctx, recorded.get("cpu_threads"))
+        if self.ctx.master:
+            write_json(self.out / "config.json", self.config)
+            trim_log(self.out / "log.jsonl", progress.step)  # a fresh run starts an empty log
+        return progress
+
+    def log(self, record: dict):
+        if self.ctx.master:
+            append_log(self.out / "log.jsonl", record)
+
+    def save_checkpoint(self, model: GPT, optimizer, progress: Progress):
+        """ckpt.pt: what --resume needs, weights_only-loadable; the unwrapped model's weights, so
+        compiled and eager runs resume each other; the loader position is the same on every rank."""
+        if not self.ctx.master:
+            return
+        rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(
+            self.ctx.device)} if self.ctx.device.type == "cuda" else {})}
+        with store.open_atomic(self.out / "ckpt.pt") as f:  # a unique temporary file, renamed
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "loader": self.loader.state_dict(), "rng": rng, "config": self.config,
+                        **vars(progress)}, f)
+
+    def snapshot(self, model: GPT, step: int):  # ckpt_step*.pt, for analyze.py's curves
+        if self.ctx.master:
+            with store.open_atomic(self.out / f"ckpt_step{step:07d}.pt") as f:
+                torch.save({"model": model.state_dict(), "step": step, "config": self.config}, f)
+
+    def compile_failed(self, failure: str):
+        """What torch.compile gave up on (CompileWatch), said and recorded in config.json."""
+        self.config["compile_failed"] = failure
+        self.ctx.say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where "
+                     f"it failed, recorded as compile_failed in config.json")
+        if self.ctx.master:
+            write_json(self.out / "config.json", self.config)
+
+    def finish(self, summary: dict):
+        """summary.json: the run is finished."""
+        if self.ctx.master:
+            write_json(self.out / "summary.json", summary)
+        self.ctx.say("done: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in summary.items()))
+        self.ctx.say(f"the run is finished; {TRAIN_LONGER}")
+
+
+@contextlib.contextmanager
+def run_folder(args, ctx: Dist):
+    """The run folder, which rank 0 locks for the block, with --data made ready and checked: a
+    RunFolder, or None when --resume finds the run finished. A folder holding a run is refused
+    without --resume (before any download), another run's with it."""
+    out = Path(args.out_dir)
+    with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
+        if ctx.master and not args.resume:
+            check_run_folder(args, out, {}, ctx.say)
+        loader = ready_data(args, ctx)
+        config = dict(vars(args), world_size=ctx.world_size)
+        done = ctx.master and not check_run_folder(args, out, config, ctx.say)
+        finished = torch.tensor(float(done), device=ctx.device)
+        if dist.is_initialized():  # rank 0 decides
+            dist.all_reduce(finished)
+        yield None if finished.item() else RunFolder(out, config, loader, ctx)
 
 
 # Speed and the console line
@@ -469,11 +526,6 @@ class Throughput:
         return self.tokens_per_step / per_step, per_step
 
 
-def timed(fn, *args):  # fn(*args) and its seconds (fn reads a device value: the device is done)
-    start = time.perf_counter()
-    return fn(*args), time.perf_counter() - start  # left to right: fn runs first
-
-
 def eta_seconds(step: int, args, per_step: float, log_s: float, eval_s: float,
                 log_tokens: int) -> float:
     """Seconds left after `step`: steps, log steps and evaluations (each as long as the last), and
@@ -499,68 +551,3 @@ def log_line(record: dict, steps: int, eta: float | None) -> str:
               ("mfu", "MFU {:.1%}"), ("eta", "ETA {}"), ("val_loss", "val {:.4f}"))
               if shown.get(key) is not None]
     return " | ".join(parts)
-
-
-# Setup: everything before the first step
-@dataclass
-class Run:  # what setup() hands the training loop
-    model: GPT                 # what is saved, measured and centred
-    compiled: torch.nn.Module  # model, compiled (setup says when): runs the evaluations
-    wrapped: torch.nn.Module   # compiled, in DDP on several processes: runs the steps
-    optimizer: torch.optim.AdamW
-    loader: data.ShardLoader
-    config: dict
-    out: Path
-    step: int                 # optimizer steps done
-    init_loss: float | None   # val loss before training; None until measured
-    train_time_s: float       # training seconds so far
-    compile_watch: CompileWatch | None  # what torch.compile gave up on; None: not compiled
-
-
-@contextlib.contextmanager
-def setup(args, ctx: Dist, say, build_model, make_optimizer):
-    """Everything before step 1, in the folder rank 0 locks for the block: the Run (None: done)."""
-    out = Path(args.out_dir)
-    with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
-        if ctx.master and not args.resume:  # a folder holding a run is refused before a download
-            check_run_folder(args, out, config={})
-        loader = open_data(args, ctx, say)
-        config = dict(vars(args), world_size=ctx.world_size)
-        finished = ctx.master and not check_run_folder(args, out, config)  # rank 0 decides
-        if all_reduce_sum(torch.tensor(float(finished), device=ctx.device)).item():
-            yield None
-            return
-        torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # TF32 if asked
-        model = build_model(args).to(ctx.device)
-        optimizer = make_optimizer(model, args)
-        state = {"step": 0, "init_loss": None, "train_time_s": 0.0, "config": {}}
-        if args.resume and (out / "ckpt.pt").exists():
-            state = restore(out / "ckpt.pt", config, model, optimizer, loader, ctx.device)
-        elif args.resume:
-            say(f"{out} holds no ckpt.pt: the run starts at step 0")
-        recorded = state.pop("config")
-        if changed := [key for key in ROUNDING if key in recorded and recorded[key] != config[key]]:
-            say(f"--resume with {', '.join(f'{key} {config[key]}' for key in changed)}, not "
-                f"the run's {', '.join(str(recorded[key]) for key in changed)}: the same run, "
-                f"rounded otherwise")
-        config["cpu_threads"] = choose_cpu_threads(ctx, recorded.get("cpu_threads"))
-        # The wrappers share the model's parameters. A model that fails to compile runs eagerly
-        # (CompileWatch): the loop says so after the first step.
-        compiled = torch.compile(model) if args.compile else model
-        wrapped = compiled if ctx.world_size == 1 else \
-            DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-        if ctx.master:
-            write_json(out / "config.json", config)
-            trim_log(out / "log.jsonl", state["step"])  # a fresh run starts an empty log
-        yield Run(model, compiled, wrapped, optimizer, loader, config, out,
-                  compile_watch=CompileWatch() if args.compile else None, **state)
-
-
-def say_compile_failure(run: Run, ctx: Dist, say):
-    """After the first step: what torch.compile gave up on, said and recorded in config.json."""
-    if failure := run.compile_watch.stop():
-        run.config["compile_failed"] = failure
-        say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where it "
-            f"failed, recorded as compile_failed in config.json")
-        if ctx.master:
-            write_json(run.out / "config.json", run.config)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import heads
 import measure
 import prepare
+import runs
 import train
 
 LOGIT_REL = 1e-5      # measure.logit_stats against float64 (logit_mean: of max |l|)
@@ -167,8 +168,7 @@ def test_logit_statistics_match_a_float64_reference():
     stats = train.head_stats(sums, model)
     with torch.no_grad():
         l = model(x).double().flatten(0, 1)                 # soft-capped logits, (48, 96)
-    n = len(train.HEAD_STATS)
-    assert sums[2 * n:2 * n + 2].tolist() == [48, 12]      # precision: every 4th token
+    assert (sums.logit_n.item(), sums.precision_n.item()) == (48, 12)  # precision: every 4th
     assert stats["logit_mean"] == pytest.approx(l.mean(1).mean().item(), abs=1e-6)
     assert stats["logit_std"] == pytest.approx(l.std(1, correction=0).mean().item(), rel=1e-5)
     assert stats["logit_absmax"] == pytest.approx(l.abs().amax(1).mean().item(), rel=1e-6)
@@ -222,7 +222,7 @@ def test_the_validation_loss_weights_each_batch_by_its_kept_tokens(monkeypatch):
     want = F.cross_entropy(logits.double(), torch.cat([y for _, y in batches]).flatten(),
                            ignore_index=heads.IGNORE).item()
     monkeypatch.setattr(train, "val_batches", lambda *a: iter(batches))
-    ctx = train.Dist(0, 0, 1, CPU)
+    ctx = runs.Dist(0, 0, 1, CPU)
     assert train.evaluate(model, args, ctx, FLOAT32) == pytest.approx(want, rel=1e-5)
 
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ SUMMARY_KEYS = {"head", "size", "lr", "tie", "lam", "cap", "steps", "tokens", "v
                 "prec_ce_gap", "prec_err_cast", "prec_err_round", "mu_norm", "train_time_s",
                 "h_mu_proj", "h_mu_cos", "measure_time_s",
                 *(f"{s}_se" for s in train.HEAD_STATS)}
-LOG_KEYS = {"step", "tokens", "lr", "loss", "grad_norm", "mu_norm", "logit_mean", "logit_std",
-            "logit_absmax", "log2Z", "tok_per_s", "mfu"}
+LOG_KEYS = {"step", "tokens", "lr", "loss", "objective", "grad_norm", "mu_norm", "logit_mean",
+            "logit_std", "logit_absmax", "log2Z", "tok_per_s", "mfu"}
 
 
 @pytest.fixture(autouse=True)
@@ -247,6 +248,40 @@ def test_resume_without_a_checkpoint_says_it_starts_at_step_0(markov_data, tmp_p
     train.main(tiny(markov_data, tmp_path, "--resume", steps=3))
     assert f"{tmp_path} holds no ckpt.pt: the run starts at step 0" in capsys.readouterr().out
     assert [record["step"] for record in read_log(tmp_path)] == [1, 2, 3]
+
+
+def resumed_with(markov_data, tmp_path, order, resume):
+    """An 8-step run, and the same run cut after step 4 and resumed by `resume(argv)`: their
+    logs (the same steps read the same rows, so they differ only by rounding)."""
+    common = ("--data_order", order, "--save_every", "4", "--seed", "1")
+    train.main(tiny(markov_data, tmp_path / "whole", *common, steps=8))
+    train.main(tiny(markov_data, tmp_path / "cut", *common, "--stop_at", "4", steps=8))
+    printed = resume(tiny(markov_data, tmp_path / "cut", *common, "--resume", steps=8))
+    whole, cut = read_log(tmp_path / "whole"), read_log(tmp_path / "cut")
+    assert [r["step"] for r in cut] == list(range(1, 9))
+    for a, b in zip(whole[4:], cut[4:]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (a["step"], order)
+    return printed
+
+
+@pytest.mark.parametrize("order", data.ORDERS)
+def test_a_resume_with_another_micro_batch_is_the_same_run(markov_data, tmp_path, order, capsys):
+    def resume(argv):
+        train.main([*argv, "--micro_batch", "4"])            # 8 rows: 4 × 2, then 2 × 4
+        return capsys.readouterr().out
+    assert "--resume with micro_batch 4, not the run's 2: the same run" in \
+        resumed_with(markov_data, tmp_path, order, resume)
+
+
+@pytest.mark.parametrize("order", data.ORDERS)
+def test_a_resume_on_two_processes_is_the_same_run(markov_data, tmp_path, order):
+    def resume(argv):
+        done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(ROOT / "train.py"), *argv])
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+    assert "--resume with world_size 2, not the run's 1: the same run" in \
+        resumed_with(markov_data, tmp_path, order, resume)
 
 
 def test_chunked_loss_path_trains_like_the_plain_one(markov_data, tmp_path):
@@ -616,6 +651,31 @@ def test_ctrl_c_ends_in_one_line_and_exit_code_130(markov_data, tmp_path):
                    "--resume starts at step 0\n")
 
 
+def test_ctrl_c_while_torch_imports_ends_in_one_line_and_writes_nothing(markov_data, tmp_path):
+    run = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
+                            *tiny(markov_data, tmp_path / "run")], stderr=subprocess.PIPE,
+                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(0.3)                                      # importing torch takes seconds
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and len(err.splitlines()) == 1
+    assert err.startswith("train.py: interrupted") and not (tmp_path / "run").exists()
+
+
+def test_a_run_outlives_its_console(markov_data, tmp_path):
+    """`python train.py … | head -n 3`: once the reader is gone, the run goes on unprinted."""
+    run = subprocess.Popen([sys.executable, str(ROOT / "train.py"),
+                            *tiny(markov_data, tmp_path, steps=12)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    for _ in range(3):
+        run.stdout.readline()
+    run.stdout.close()                                   # what head does after 3 lines
+    err = run.stderr.read()
+    assert run.wait(timeout=120) == 0 and err == ""
+    assert read_summary(tmp_path)["steps"] == 12 and read_log(tmp_path)[-1]["step"] == 12
+
+
 def test_command_line_errors_come_without_a_traceback(tmp_path):
     done = run_script([str(ROOT / "train.py"), "--size", "tiny", "--device", "cpu",
                        "--data", str(tmp_path / "missing"), "--out_dir", str(tmp_path)])
@@ -708,7 +768,7 @@ def test_log_step_statistics_cover_an_even_spread_of_few_tokens(monkeypatch):
     model = train.build_model(args)
     x, y = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
     monkeypatch.setattr(train, "LOG_STAT_TOKENS", 8)     # 48 tokens: every 6th counts
-    result = train.StepResult(torch.tensor(1.0), torch.tensor(1.0), x, y)
+    result = train.StepResult(torch.tensor(1.0), torch.tensor(1.0), torch.tensor(1.0), x, y)
     stats = train.step_metrics(model, result, args, train.autocast(torch.device("cpu"),
                                                                    "float32"))
     with torch.no_grad():
@@ -731,7 +791,7 @@ def test_eta_counts_the_log_steps_evaluations_and_final_statistics_still_to_come
 
 
 def test_cpu_threads_are_the_idle_cores_shared_by_the_processes_of_a_node(monkeypatch):
-    cpu = train.Dist(0, 0, 1, torch.device("cpu"))
+    cpu = runs.Dist(0, 0, 1, torch.device("cpu"))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 0.0, 0.0))
@@ -777,8 +837,10 @@ def test_alignment_of_the_mean_hidden_state_with_mu_is_the_mean_logit_over_mu_no
 
 def test_too_few_validation_tokens_still_give_one_micro_batch_per_rank(markov_data):
     args = train.parse_args(tiny(markov_data, "unused", "--stat_tokens", "1"))
-    rank1_of_2 = train.Dist(rank=1, local_rank=1, world_size=2, device=torch.device("cpu"))
-    batches = list(train.val_batches(args.stat_tokens, args, rank1_of_2))
+    one = runs.Dist(0, 0, 1, torch.device("cpu"))
+    runs.ready_data(args, one)                           # what a run's setup does
+    assert args.stat_tokens == args.micro_batch * args.seq_len
+    batches = list(train.val_batches(args.stat_tokens, args, one))
     assert len(batches) == 1 and batches[0][0].shape == (2, 32)
 
 
