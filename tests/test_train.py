@@ -2,6 +2,7 @@
 cleanly, bad input ends in one sentence. CPU, offline; tiny models on real text (GPT-2 tokens of
 tests/assets/paradise_regained.txt) or on a 64-token Markov language where speed matters."""
 import errno
+import fcntl
 import functools
 import http.server
 import json
@@ -339,6 +340,21 @@ def test_an_error_of_every_rank_under_torchrun_is_said_once(tmp_path):
                        str(ROOT / "train.py"), *tiny(tmp_path / "missing", tmp_path / "run")])
     assert done.stderr.count("train.py: error: ") == 1 and done.returncode != 0
     assert not (tmp_path / "run").exists()               # no folder holding only .lock
+
+
+def test_an_error_of_rank_0_alone_under_torchrun_is_the_last_thing_train_py_says(markov_data,
+                                                                                  tmp_path):
+    """Rank 0 alone locks the run folder; torchrun's own report follows, no traceback of ours."""
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / ".lock", "a+") as held:              # another process holds the folder
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(ROOT / "train.py"), *tiny(markov_data, out)])
+    ours = [line for line in done.stderr.splitlines() if line.startswith("train.py: ")]
+    assert ours == [f"train.py: error: {out} is in use by another process; wait for it to end, "
+                    f"or choose another --out_dir"] and done.returncode != 0
+    assert f'File "{ROOT}' not in done.stderr and "ChildFailedError" in done.stderr
 
 
 def test_a_failed_run_leaves_no_folder_holding_only_its_lock(tmp_path, capsys):
