@@ -21,7 +21,7 @@ import numpy as np
 import data
 
 MANIFEST = "manifest.json"            # each file's bytes, sha256 (and max_token); written last
-INCOMPLETE = "INCOMPLETE"             # present while write_dataset replaces a dataset in place
+NEW_DATASET = ".new_dataset"          # a complete replacement being moved in (_move_in)
 HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on every check
 
 
@@ -29,9 +29,14 @@ def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
     """Verify the folder as one dataset (hashing it if ≤ hash_bytes); returns a fingerprint of its
     files' names, sizes and sha256s (sizes alone with no manifest): content, not paths."""
     folder = Path(folder)
-    if (folder / INCOMPLETE).exists():
-        raise ValueError(f"{folder} was left half-written by an interrupted prepare.py; run the "
-                         f"prepare.py command that made it again")
+    if (folder / NEW_DATASET).is_dir():        # its writer was killed: finish what it began
+        try:
+            with _writer_lock(folder, wait=True):
+                _move_in(folder)
+        except OSError as err:
+            raise ValueError(f"{folder} is half-way through a replacement that a stopped prepare.py "
+                             f"began, and it could not be finished here ({err}); run `python "
+                             f"store.py check {folder}` as a user who may write it") from None
     shards = data.shard_paths(folder, "train") + data.shard_paths(folder, "val")
     for path in shards:
         data.shard_length(path)
@@ -213,9 +218,14 @@ def make_folder(path):
 
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards and `extras` {name: bytes}
-    as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer."""
+    as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer.
+    Into an empty out_dir a staging folder beside it is renamed. Over an old dataset, the new one
+    is written in a staging folder inside out_dir, which one rename makes NEW_DATASET: before
+    that rename a kill leaves the old dataset, after it the new one, which _move_in moves in
+    (here, or in the next check_dataset). Other files in out_dir stay as they are."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
+        _move_in(out_dir)                      # what a killed writer left, before anything else
         fresh = not any(out_dir.iterdir())
         if not (fresh or replace):
             raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
@@ -224,13 +234,11 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
         try:
             names = _write_files(staging, prefix, splits, extras or {})
             write_manifest(staging, source, names)
-            if fresh:                          # the lock keeps other writers out of out_dir
-                rename(staging, out_dir)
-            else:
-                _swap_in(staging, out_dir, names, prefix)
-        except BaseException:
+            rename(staging, out_dir if fresh else out_dir / NEW_DATASET)  # no writer races:
+        except BaseException:                                           # the lock is ours
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        _move_in(out_dir)
     return sorted(out_dir / name for name in names if name.endswith(".bin"))
 
 
@@ -286,19 +294,23 @@ def _staging_folder(parent, name):
     return make_folder(parent / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.staging")
 
 
-def _swap_in(staging, out_dir, names, prefix):
-    """Marker written, new files renamed over the old (stale ones removed), manifest, marker
-    removed: a failure before this leaves the old dataset whole, a kill during it the marker."""
-    write_atomic(out_dir / INCOMPLETE, "prepare.py was replacing this dataset: run it again\n")
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    for name in names:
-        rename(staging / name, out_dir / name)
-    for stale in set(out_dir.glob(f"{prefix}_*.bin")) - {out_dir / name for name in names}:
-        stale.unlink()
-    rename(staging / MANIFEST, out_dir / MANIFEST)
-    (out_dir / INCOMPLETE).unlink()
-    _fsync_folder(out_dir)
-    staging.rmdir()
+def _move_in(folder):
+    """Finish a replacement: NEW_DATASET's files renamed over the old ones, old shards it lacks
+    removed, its manifest renamed last, NEW_DATASET removed. A step done is skipped when this
+    runs again, so a kill at any moment (of this too) leaves what the next call finishes."""
+    new = folder / NEW_DATASET
+    if not new.is_dir():
+        return
+    if (new / MANIFEST).exists():              # gone: every file before it is moved already
+        names = set(read_manifest(new)["files"])
+        for name in names:
+            if (new / name).exists():          # not moved in yet
+                rename(new / name, folder / name)
+        for stale in set(shard_files(folder)) - {folder / name for name in names}:
+            stale.unlink()
+        rename(new / MANIFEST, folder / MANIFEST)
+    new.rmdir()
+    _fsync_folder(folder)
 
 
 def number(kind, rule, test):
@@ -343,8 +355,9 @@ def parse_args(argv=None):
 
 
 def check_command(args):
-    folder, manifest = args.folder, read_manifest(args.folder)
+    folder = args.folder
     check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
+    manifest = read_manifest(folder)
     if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
         write_manifest(folder, manifest["source"] if manifest else {"kind": "store.py check"})
         done = "had no manifest" if manifest is None else "recorded its shards' largest token ids"
