@@ -211,10 +211,20 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
 def run_verify(args) -> dict:
     """Theorem 4's proof audited step by step (theorem4.py); with --run or --init also Lemma 1,
     Lemma 2, Prop. 3 and the proof's steps on the model's own hidden states."""
+    pairs = theorem4.search_pairs(args.entries, args.h_entries)
+    if args.exhaustive and pairs > (most := theorem4.SEARCH_MAX_PAIRS):  # it grows as (2K+1)⁶
+        fits = 0
+        while theorem4.search_pairs(fits + 1, args.h_entries) <= most:
+            fits += 1
+        raise ValueError(f"--exhaustive with --entries {args.entries} and --h_entries "
+                         f"{args.h_entries} would compare {pairs:,} (W, h) pairs, more than the "
+                         f"{most:,} it may; give " + (f"--entries {fits} or less." if fits else
+                                                      "a smaller --h_entries."))
     result = dict(theorem4_audit=theorem4.theorem4_audit())
     print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step in exact "
                 "fractions on the smallest counterexamples; holds: the step's claim holds there")
     if args.exhaustive:
+        print(f"exhaustive search: {pairs:,} (W, h) pairs …", flush=True)
         result["exhaustive"] = theorem4.exhaustive_search(args.entries, args.h_entries)
         print_table(result["exhaustive"], f"exhaustive search: V = 3, D = 2, W's entries in "
                     f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break it")

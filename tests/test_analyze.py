@@ -2,6 +2,7 @@
 arithmetic, and the CLI on run folders in train.py's checkpoint format (config.json, ckpt.pt,
 ckpt_step*.pt) of tiny models on a synthetic Markov language of 64 tokens."""
 import errno
+import itertools
 import json
 import math
 import os
@@ -264,7 +265,31 @@ def test_cli_verify_without_a_model_audits_searches_and_scans(capsys):
     seeded = cli("verify", "--b_ratio_scan", 4, "--seed", 1)["b_ratio_scan"]
     assert seeded == theorem4.binned(theorem4.b_ratio_scan(4, seed=1)) != out["b_ratio_scan"]
     printed = capsys.readouterr().out
-    assert "exhaustive search: V = 3, D = 2" in printed and "larger_share" in printed
+    assert "exhaustive search: 5,440 (W, h) pairs …\nexhaustive search: V = 3, D = 2" in printed
+    assert "larger_share" in printed
+
+
+def test_search_pairs_counts_what_the_search_enumerates():
+    for entries, h_entries in ((1, 1), (1, 2), (2, 1)):
+        values = range(-entries, entries + 1)
+        W = torch.tensor(list(itertools.product(values, repeat=6))).reshape(-1, 3, 2)
+        states = (2 * h_entries + 1) ** 2 - 1
+        assert theorem4.search_pairs(entries, h_entries) == W.sum(1).any(1).sum() * states
+
+
+@pytest.mark.parametrize("entries, h_entries, advice", [(50, 3, "give --entries 4 or less."),
+                                                      (2, 1000, "give a smaller --h_entries.")])
+def test_an_exhaustive_search_too_large_is_refused_before_anything_runs(entries, h_entries,
+                                                                         advice, capsys):
+    """--entries 50 printed the audit, then ran past 60 s in silence (it would need ~10¹³ pairs)."""
+    with pytest.raises(SystemExit) as excinfo:
+        cli("verify", "--exhaustive", "--entries", entries, "--h_entries", h_entries)
+    assert one_sentence(excinfo) == (
+        f"analyze.py verify: error: --exhaustive with --entries {entries} and --h_entries "
+        f"{h_entries} would compare {theorem4.search_pairs(entries, h_entries):,} (W, h) pairs, "
+        f"more than the 30,000,000 it may; {advice}")
+    assert theorem4.search_pairs(4, 3) <= theorem4.SEARCH_MAX_PAIRS < theorem4.search_pairs(5, 3)
+    assert capsys.readouterr().out == ""
 
 
 def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
