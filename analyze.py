@@ -140,21 +140,6 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     return out
 
 
-def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
-    """(model in eval mode on device, its config, its step)."""
-    ckpt = model.load_checkpoint(path, map_location="cpu")
-    try:
-        gpt = model.from_config(ckpt["config"])
-        gpt.load_state_dict(ckpt["model"])
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-    except RuntimeError as err:  # load_state_dict: a missing or extra tensor, or a wrong shape
-        detail = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), err)
-        raise ValueError(f"{path} holds weights that do not fit the model its config describes "
-                         f"({detail}); pass a checkpoint written by this train.py.") from None
-    return gpt.to(device).eval(), ckpt["config"], ckpt["step"]
-
-
 def run_models(run_dir: str, device: str, all_steps: bool):
     """Yield (model, config, step) of ckpt.pt or, with all_steps, of each snapshot, then ckpt.pt."""
     run, latest = Path(run_dir), Path(run_dir) / "ckpt.pt"
@@ -167,7 +152,7 @@ def run_models(run_dir: str, device: str, all_steps: bool):
         raise FileNotFoundError(f"{run} holds no checkpoint; train it first, or pass --init.")
     last_step = -1
     for path in paths if all_steps else paths[-1:]:
-        gpt, cfg, step = load_checkpoint(path, device)
+        gpt, cfg, step = model.load_model(path, device)
         if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
             yield gpt, cfg, step
         last_step = step

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from analyze import load_checkpoint
 from data import EOT
+from model import load_model
 from store import non_negative_float, non_negative_int, positive_int
 
 GPT2_VOCAB = 50257  # tokens of tiktoken's GPT-2 encoding; ids at or above it are padding
@@ -76,7 +76,7 @@ def text_codec(vocab_size: int):
     return encode, lambda ids: "".join(f" {i}" for i in ids), vocab_size
 
 
-def load_model(args):  # (model in eval mode, its run's config, its step)
+def load_run(args):  # (model in eval mode, its run's config, its step)
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -89,14 +89,14 @@ def load_model(args):  # (model in eval mode, its run's config, its step)
         raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
                                 f"train.py run (its --out_dir), or --ckpt FILE")
     print(f"loading {path} …", flush=True)  # it and the vocabulary may take seconds
-    return load_checkpoint(path, str(device))
+    return load_model(path, str(device))
 
 
 def main(argv=None) -> list[str]:
     """Print --num_samples continuations of --prompt; returns them. Bad input: one sentence."""
     args = build_parser().parse_args(argv)
     try:
-        gpt, config, step = load_model(args)
+        gpt, config, step = load_run(args)
         encode, decode, drawable = text_codec(gpt.config.vocab_size)
         prompt = encode(args.prompt)
     except (FileNotFoundError, ValueError, RuntimeError) as err:

@@ -294,7 +294,7 @@ def test_an_exhaustive_search_too_large_is_refused_before_anything_runs(entries,
 
 def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
     before = cli("logits", "--run", runs["untied"], "--tokens", 256)
-    gpt, cfg, step = analyze.load_checkpoint(runs["untied"] / "ckpt.pt", "cpu")
+    gpt, cfg, step = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
     heads.build("mu_center").after_step(gpt.output_weight)
     centred_run = tmp_path / "centred"
     centred_run.mkdir()
@@ -507,14 +507,14 @@ def test_verify_refuses_a_figure_it_would_not_draw(capsys):
 
 
 def test_a_dataset_or_checkpoint_at_fault_is_named_for_what_it_is(runs, markov_dir, tmp_path):
-    """A dataset under INCOMPLETE (or /dev/null) used to be reported as too few tokens for
+    """A folder that mixes datasets (or /dev/null) used to be reported as too few tokens for
     --tokens; a ckpt.pt that is a folder as a run without checkpoints."""
-    half = tmp_path / "half"
-    half.mkdir()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
     for shard in markov_dir.iterdir():
-        (half / shard.name).write_bytes(shard.read_bytes())
-    (half / "INCOMPLETE").write_text("")
-    for data_dir, expected in ((half, "was left half-written by an interrupted prepare.py"),
+        (mixed / shard.name).write_bytes(shard.read_bytes())
+    (mixed / "markov_val_000001.bin").write_bytes((mixed / "markov_val_000000.bin").read_bytes())
+    for data_dir, expected in ((mixed, "is not named in"),
                                ("/dev/null", "/dev/null is a file, not a folder of shards")):
         with pytest.raises(SystemExit) as excinfo:
             cli("logits", "--run", runs["untied"], "--data", data_dir, "--tokens", 64)

@@ -46,7 +46,7 @@ def test_draws_come_from_the_heads_soft_capped_logits_over_gpt2s_tokens(capped_r
     monkeypatch.setattr(sample, "next_token_probs", spy)
     samples = sample.main(["--run", str(capped_run), "--prompt", "Satan", "--num_samples", "2",
                            "--max_new_tokens", "3"])
-    gpt, _, _ = sample.load_checkpoint(capped_run / "ckpt.pt", "cpu")
+    gpt, _, _ = model.load_model(capped_run / "ckpt.pt", "cpu")
     prompt = sample.text_codec(50304)[0]("Satan")
     assert prompt[0] == 50256 and len(prompt) > 1             # <|endoftext|> Satan
     with torch.no_grad():
