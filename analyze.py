@@ -12,7 +12,6 @@ import argparse
 import io
 import json
 import math
-import re
 from pathlib import Path
 
 import torch
@@ -373,34 +372,17 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     save_figure(fig, path)
 
 
-def offset(text: str, limit: float = 1e8) -> float:  # by 10⁹ the measured rounding overflows
-    value = store.number(float, "a mean logit L", lambda v: True)(text)
-    if not abs(value) <= limit:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with "
-                                         f"|L| ≤ {limit:g}")
-    return value
-
-
-def seed(text: str) -> int:  # torch.manual_seed's range
-    if (value := store.non_negative_int(text)) >= 2 ** 64:
-        raise argparse.ArgumentTypeError(f"{text} is too large; give an integer from 0 to 2^64 − 1")
-    return value
-
-
-def device(text: str) -> str:
-    if not re.fullmatch(r"(cpu|cuda)(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, "
-                                         "cuda or cuda:N")
-    return text
+# an argparse type: a mean logit L; by 10⁹ the measured rounding overflows
+offset = store.number(float, "a finite L with |L| ≤ 1e8", lambda v: abs(v) <= 1e8)
 
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers shared with the experiments: output, and measurement (output's and more)."""
     output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
+    output.add_argument("--device", type=store.device, default="cpu", help="cpu, cuda, cuda:1, ...")
     output.add_argument("--json", help="write the numbers to this JSON file")
     output.add_argument("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    output.add_argument("--seed", type=seed, default=0)
+    output.add_argument("--seed", type=store.seed, default=0)
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -330,6 +331,8 @@ non_negative_int = number(int, "an integer >= 0", lambda v: v >= 0)
 positive_float = number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
 non_negative_float = number(float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
 fraction = number(float, "a number strictly between 0 and 1", lambda v: 0 < v < 1)
+seed = number(int, "an integer from 0 to 2^64 − 1", lambda v: 0 <= v < 2 ** 64)  # torch's range
+device = number(str, "cpu, cuda or cuda:N", re.compile(r"(cpu|cuda)(:\d+)?").fullmatch)
 
 
 def command_parser(doc):
