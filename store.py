@@ -35,9 +35,9 @@ def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
             with _writer_lock(folder, wait=True):
                 _move_in(folder)
         except OSError as err:
-            raise ValueError(f"{folder} is half-way through a replacement that a stopped prepare.py "
-                             f"began, and it could not be finished here ({err}); run `python "
-                             f"store.py check {folder}` as a user who may write it") from None
+            raise ValueError(f"{folder} is half-way through a replacement that a stopped "
+                             f"prepare.py began and could not be finished here ({err}); run "
+                             f"`python store.py check {folder}` as one who may write it") from None
     shards = data.shard_paths(folder, "train") + data.shard_paths(folder, "val")
     for path in shards:
         data.shard_length(path)
@@ -220,23 +220,21 @@ def make_folder(path):
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards and `extras` {name: bytes}
     as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer.
-    Into an empty out_dir a staging folder beside it is renamed. Over an old dataset, the new one
-    is written in a staging folder inside out_dir, which one rename makes NEW_DATASET: before
-    that rename a kill leaves the old dataset, after it the new one, which _move_in moves in
-    (here, or in the next check_dataset). Other files in out_dir stay as they are."""
+    The new dataset is written in a staging folder inside out_dir, which one rename makes
+    NEW_DATASET: a kill before that rename leaves out_dir as it was, a kill after it the new
+    dataset, which _move_in moves in (here, or in the next check_dataset). Other files stay."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         _move_in(out_dir)                      # what a killed writer left, before anything else
-        fresh = not any(out_dir.iterdir())
-        if not (fresh or replace):
-            raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
-        refuse_foreign_shards(out_dir, prefix)     # an empty folder holds none
-        staging = _staging_folder(out_dir.parent if fresh else out_dir, out_dir.name)
+        staging = _staging_folder(out_dir)
         try:
+            if not replace and any(path != staging for path in out_dir.iterdir()):
+                raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
+            refuse_foreign_shards(out_dir, prefix)
             names = _write_files(staging, prefix, splits, extras or {})
             write_manifest(staging, source, names)
-            rename(staging, out_dir if fresh else out_dir / NEW_DATASET)  # no writer races:
-        except BaseException:                                           # the lock is ours
+            rename(staging, out_dir / NEW_DATASET)  # no other writer races us: the lock is ours
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         _move_in(out_dir)
@@ -245,20 +243,15 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
 
 @contextlib.contextmanager
 def _writer_lock(folder, wait):
-    """An exclusive flock on the folder itself (no lock file), retaken if it was renamed over."""
-    while True:
-        fd = os.open(folder, os.O_RDONLY)
+    """An exclusive flock on the folder itself (no lock file), held while the block runs."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            os.close(fd)
             raise FileExistsError(f"another process is writing a dataset into {folder} right "
                                   f"now, so this one was not written; run the command again "
                                   f"when it has finished") from None
-        if os.fstat(fd).st_ino == os.stat(folder).st_ino:
-            break
-        os.close(fd)
-    try:
         yield
     finally:
         os.close(fd)                            # releases the lock
@@ -284,15 +277,15 @@ def refuse_foreign_shards(out_dir, prefix):
                          f"loader would mix in; choose another --out folder or delete them")
 
 
-def _staging_folder(parent, name):
-    """A new folder `.{name}.{pid}.{random}.staging` in parent; those of killed writers go."""
-    for old in parent.glob(f".{name}.*.staging"):
+def _staging_folder(folder):
+    """A new folder `.{name}.{pid}.{random}.staging` in the folder; those of killed writers go."""
+    for old in folder.glob(f".{folder.name}.*.staging"):
         with contextlib.suppress(PermissionError, ValueError):  # another user's; not a pid
             try:
                 os.kill(int(old.name.rsplit(".", 3)[-3]), 0)  # signal 0: does the writer run?
             except ProcessLookupError:
                 shutil.rmtree(old, ignore_errors=True)
-    return make_folder(parent / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.staging")
+    return make_folder(folder / f".{folder.name}.{os.getpid()}.{os.urandom(4).hex()}.staging")
 
 
 def _move_in(folder):

@@ -63,7 +63,7 @@ def test_a_kill_at_any_moment_of_a_replacement_leaves_the_old_or_the_new_dataset
     store.write_dataset(new, "syn", new_splits, {"kind": "new"}, new_extras)
     (new / "notes.txt").write_text("the user's own file")
     expected = {"old": files(old), "new": files(new)}
-    assert len(expected["old"]) == 7 and len(expected["new"]) == 6   # shards, extra, manifest, notes
+    assert len(expected["old"]) == 7 and len(expected["new"]) == 6  # shards, extra, manifest, notes
 
     def opened():  # the dataset check_dataset and `store.py check` find there now
         store.check_dataset(out)
@@ -107,10 +107,36 @@ def test_a_replacement_that_cannot_be_finished_is_refused_in_one_sentence(tmp_pa
         raise store.write_error(PermissionError(13, "Permission denied"), target)
     monkeypatch.setattr(store, "rename", read_only)
     with pytest.raises(ValueError, match=rf"^{out} is half-way through a replacement that a "
-                       rf"stopped prepare.py began, and it could not be finished here \(could "
-                       rf"not write {out}/\S+ \(Permission denied\)\); run `python store.py "
-                       rf"check {out}` as a user who may write it$"):
+                       rf"stopped prepare.py began and could not be finished here \(could not "
+                       rf"write {out}/\S+ \(Permission denied\)\); run `python store.py check "
+                       rf"{out}` as one who may write it$"):
         store.check_dataset(out)
     monkeypatch.undo()
     store.check_dataset(out)                          # a user who may write it finishes it
     assert store.read_manifest(out)["source"] == {"kind": "b"}
+
+
+def test_a_kill_while_writing_into_an_empty_folder_leaves_what_a_rerun_completes(tmp_path):
+    """The text cache writes with replace=False into a folder named for its text: a kill at
+    any moment leaves it empty to the next writer (a killed writer's staging folder is no
+    dataset) or holding the whole dataset, which the next writer keeps."""
+    splits = {"train": tokens(50, 0), "val": tokens(10, 1)}
+    new, out = tmp_path / "new", tmp_path / "a"
+    store.write_dataset(new, "syn", splits, {"kind": "new"})
+    write = lambda: store.write_dataset(out, "syn", splits, {"kind": "new"}, replace=False)
+    k = 0
+    while True:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        killed = killed_at(k := k + 1, write)
+        kept = (out / store.NEW_DATASET).exists() or (out / store.MANIFEST).exists()
+        try:
+            write()                                   # the next writer: one like the killed one
+        except FileExistsError:
+            assert kept                               # a whole dataset was there: it stays
+        store.check_dataset(out)
+        assert files(out) == files(new)
+        assert sorted(p.name for p in out.iterdir()) == sorted(files(new))  # no folder left
+        if not killed:
+            break
+    assert k > 5
