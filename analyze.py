@@ -432,8 +432,6 @@ def main(argv=None) -> dict:
 def execute(args, commands: dict, program: str) -> dict:
     """Run args.command and write --json; a bad input ends in one sentence, not a traceback."""
     try:
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device} needs CUDA, absent here; use --device cpu.")
         result = commands[args.command](args)
         if args.json:
             write_file(args.json, (json.dumps(result, indent=2) + "\n").encode())

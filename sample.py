@@ -77,8 +77,6 @@ def text_codec(vocab_size: int):
 
 
 def load_run(args):  # (model in eval mode, its run's config, its step)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no GPU is visible; use --device cpu")
     path = Path(args.ckpt or Path(args.run) / "ckpt.pt")
     if not args.ckpt and not path.is_file():
         raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import data
 
@@ -325,7 +326,8 @@ positive_float = number(float, "a finite number > 0", lambda v: math.isfinite(v)
 non_negative_float = number(float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
 fraction = number(float, "a number strictly between 0 and 1", lambda v: 0 < v < 1)
 seed = number(int, "an integer from 0 to 2^64 − 1", lambda v: 0 <= v < 2 ** 64)  # torch's range
-device = number(str, "cpu, cuda or cuda:N", re.compile(r"(cpu|cuda)(:\d+)?").fullmatch)
+device = number(str, "cpu, or cuda or cuda:N where torch sees a GPU", lambda v: v == "cpu" or (
+    re.fullmatch(r"cuda(:\d+)?", v) is not None and torch.cuda.is_available()))
 
 
 def command_parser(doc):

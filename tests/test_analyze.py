@@ -488,7 +488,7 @@ def test_checkpoint_without_config_or_with_weights_of_another_shape(runs, tmp_pa
     (["--offsets", "nan"], "argument --offsets: nan is invalid"),
     (["--seed", "-1"], "argument --seed: -1 is invalid; give an integer from 0 to 2^64 − 1"),
     (["--seed", str(2 ** 64)], f"{2 ** 64} is invalid; give an integer from 0 to 2^64 − 1"),
-    (["--device", "bogus"], "argument --device: bogus is invalid; give cpu, cuda or cuda:N"),
+    (["--device", "bogus"], "argument --device: bogus is invalid; give cpu, or cuda or cuda:N where"),
     (["--tokens", "1.5"], "argument --tokens: '1.5' is not a number; give an integer > 0"),
 ])
 def test_bad_arguments_are_refused_before_any_table(argv, message, capsys):

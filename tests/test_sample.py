@@ -79,14 +79,16 @@ def test_a_synthetic_vocabulary_takes_and_prints_token_ids(tmp_path, capsys):
         sample.main(["--run", str(run), "--prompt", "64"])
 
 
-def test_bad_input_ends_in_one_sentence(tmp_path, capsys):
+def test_bad_input_ends_in_one_sentence(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit, match=f"{tmp_path} holds no ckpt.pt; pass --run the folder "
                                          f"of a train.py run"):
         sample.main(["--run", str(tmp_path)])
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit, match="cannot be read as a checkpoint of train.py"):
         sample.main(["--run", str(tmp_path)])
-    for flag, value, rule in (("--device", "gpu", "cpu, cuda or cuda:N"),
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    devices = "cpu, or cuda or cuda:N where torch sees a GPU"
+    for flag, value, rule in (("--device", "gpu", devices), ("--device", "cuda:0", devices),
                               ("--seed", str(2 ** 64), "an integer from 0 to 2^64 − 1")):
         with pytest.raises(SystemExit):  # a seed past 2^64 was a traceback at the first draw
             sample.main(["--run", str(tmp_path), flag, value])
