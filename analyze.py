@@ -12,7 +12,6 @@ import argparse
 import io
 import json
 import math
-import re
 from pathlib import Path
 
 import torch
@@ -140,21 +139,6 @@ def bottleneck(G: torch.Tensor, W: torch.Tensor, H: torch.Tensor | None = None) 
     return out
 
 
-def load_checkpoint(path: Path, device: str) -> tuple[model.GPT, dict, int]:
-    """(model in eval mode on device, its config, its step)."""
-    ckpt = model.load_checkpoint(path, map_location="cpu")
-    try:
-        gpt = model.from_config(ckpt["config"])
-        gpt.load_state_dict(ckpt["model"])
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-    except RuntimeError as err:  # load_state_dict: a missing or extra tensor, or a wrong shape
-        detail = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), err)
-        raise ValueError(f"{path} holds weights that do not fit the model its config describes "
-                         f"({detail}); pass a checkpoint written by this train.py.") from None
-    return gpt.to(device).eval(), ckpt["config"], ckpt["step"]
-
-
 def run_models(run_dir: str, device: str, all_steps: bool):
     """Yield (model, config, step) of ckpt.pt or, with all_steps, of each snapshot, then ckpt.pt."""
     run, latest = Path(run_dir), Path(run_dir) / "ckpt.pt"
@@ -167,7 +151,7 @@ def run_models(run_dir: str, device: str, all_steps: bool):
         raise FileNotFoundError(f"{run} holds no checkpoint; train it first, or pass --init.")
     last_step = -1
     for path in paths if all_steps else paths[-1:]:
-        gpt, cfg, step = load_checkpoint(path, device)
+        gpt, cfg, step = model.load_model(path, device)
         if step > last_step:  # ckpt.pt is skipped where the last snapshot has its step
             yield gpt, cfg, step
         last_step = step
@@ -211,10 +195,20 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
 def run_verify(args) -> dict:
     """Theorem 4's proof audited step by step (theorem4.py); with --run or --init also Lemma 1,
     Lemma 2, Prop. 3 and the proof's steps on the model's own hidden states."""
+    pairs = theorem4.search_pairs(args.entries, args.h_entries)
+    if args.exhaustive and pairs > (most := theorem4.SEARCH_MAX_PAIRS):  # it grows as (2K+1)⁶
+        fits = 0
+        while theorem4.search_pairs(fits + 1, args.h_entries) <= most:
+            fits += 1
+        raise ValueError(f"--exhaustive with --entries {args.entries} and --h_entries "
+                         f"{args.h_entries} would compare {pairs:,} (W, h) pairs, more than the "
+                         f"{most:,} it may; give " + (f"--entries {fits} or less." if fits else
+                                                      "a smaller --h_entries."))
     result = dict(theorem4_audit=theorem4.theorem4_audit())
     print_table(result["theorem4_audit"], "Theorem 4's proof (App. B) step by step in exact "
                 "fractions on the smallest counterexamples; holds: the step's claim holds there")
     if args.exhaustive:
+        print(f"exhaustive search: {pairs:,} (W, h) pairs …", flush=True)
         result["exhaustive"] = theorem4.exhaustive_search(args.entries, args.h_entries)
         print_table(result["exhaustive"], f"exhaustive search: V = 3, D = 2, W's entries in "
                     f"±{args.entries}, h's in ±{args.h_entries}; matrices: how many break it")
@@ -378,34 +372,17 @@ def plot_curves(rows: list[dict], keys, ylabel: str, path: str) -> None:
     save_figure(fig, path)
 
 
-def offset(text: str, limit: float = 1e8) -> float:  # by 10⁹ the measured rounding overflows
-    value = store.number(float, "a mean logit L", lambda v: True)(text)
-    if not abs(value) <= limit:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text} is out of range; give a finite L with "
-                                         f"|L| ≤ {limit:g}")
-    return value
-
-
-def seed(text: str) -> int:  # torch.manual_seed's range
-    if (value := store.non_negative_int(text)) >= 2 ** 64:
-        raise argparse.ArgumentTypeError(f"{text} is too large; give an integer from 0 to 2^64 − 1")
-    return value
-
-
-def device(text: str) -> str:
-    if not re.fullmatch(r"(cpu|cuda)(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device this runs on; give cpu, "
-                                         "cuda or cuda:N")
-    return text
+# an argparse type: a mean logit L; by 10⁹ the measured rounding overflows
+offset = store.number(float, "a finite L with |L| ≤ 1e8", lambda v: abs(v) <= 1e8)
 
 
 def shared_options() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """Parent parsers shared with the experiments: output, and measurement (output's and more)."""
     output = argparse.ArgumentParser(add_help=False)
-    output.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, ...")
+    output.add_argument("--device", type=store.device, default="cpu", help="cpu, cuda, cuda:1, ...")
     output.add_argument("--json", help="write the numbers to this JSON file")
     output.add_argument("--plot", help="write a figure to this file (.png, .pdf, .svg)")
-    output.add_argument("--seed", type=seed, default=0)
+    output.add_argument("--seed", type=store.seed, default=0)
     measurement = argparse.ArgumentParser(add_help=False, parents=[output])
     add = measurement.add_argument
     add("--data", help="token shards folder (default: the run's own --data)")
@@ -455,8 +432,6 @@ def main(argv=None) -> dict:
 def execute(args, commands: dict, program: str) -> dict:
     """Run args.command and write --json; a bad input ends in one sentence, not a traceback."""
     try:
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device} needs CUDA, absent here; use --device cpu.")
         result = commands[args.command](args)
         if args.json:
             write_file(args.json, (json.dumps(result, indent=2) + "\n").encode())

@@ -244,3 +244,25 @@ def load_checkpoint(path, map_location="cpu") -> dict:
                          f"{type(ckpt.get('config')).__name__}), so its model cannot be rebuilt.")
     return ckpt
 
+
+def load_weights(gpt: GPT, state_dict: dict, path, fix: str) -> None:
+    """gpt.load_state_dict(state_dict) from the file `path`; a missing, extra or misshapen tensor
+    ends in ValueError: one sentence naming path, the first mismatch and `fix` (what to do)."""
+    try:
+        gpt.load_state_dict(state_dict)
+    except RuntimeError as err:  # torch lists every mismatch, one per line: name the first
+        detail = next(line.strip() for line in str(err).splitlines()[1:] + [str(err)] if line)
+        raise ValueError(f"{path} holds weights that do not fit the model of its settings "
+                         f"({detail[:160]}); {fix}") from None
+
+
+def load_model(path, device="cpu") -> tuple[GPT, dict, int]:
+    """A checkpoint's model, in eval mode on device, with its run's config and its step (the dict
+    itself: load_checkpoint); a file that holds no such model: FileNotFoundError or ValueError."""
+    ckpt = load_checkpoint(path)
+    try:
+        gpt = from_config(ckpt["config"])
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    load_weights(gpt, ckpt["model"], path, "pass a checkpoint written by this train.py.")
+    return gpt.to(device).eval(), ckpt["config"], ckpt["step"]

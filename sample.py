@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from analyze import load_checkpoint
 from data import EOT
-from store import non_negative_float, non_negative_int, positive_int
+from model import load_model
+from store import device, non_negative_float, non_negative_int, positive_int, seed
 
 GPT2_VOCAB = 50257  # tokens of tiktoken's GPT-2 encoding; ids at or above it are padding
 
@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max_new_tokens", type=positive_int, default=60, help="tokens per continuation")
     a("--temperature", type=non_negative_float, default=0.8, help="T; 0 = always the likeliest")
     a("--top_k", type=non_negative_int, default=50, help="draw among the k likeliest; 0 = all")
-    a("--seed", type=non_negative_int, default=0, help="seed of the draws")
-    a("--device", default="cpu", help="cpu, cuda, cuda:1, …")
+    a("--seed", type=seed, default=0, help="seed of the draws")
+    a("--device", type=device, default="cpu", help="cpu, cuda, cuda:1, …")
     return p
 
 
@@ -76,27 +76,20 @@ def text_codec(vocab_size: int):
     return encode, lambda ids: "".join(f" {i}" for i in ids), vocab_size
 
 
-def load_model(args):  # (model in eval mode, its run's config, its step)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f"--device {args.device!r} is not a torch device; use cpu, cuda or "
-                         f"cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no GPU is visible; use --device cpu")
+def load_run(args):  # (model in eval mode, its run's config, its step)
     path = Path(args.ckpt or Path(args.run) / "ckpt.pt")
     if not args.ckpt and not path.is_file():
         raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
                                 f"train.py run (its --out_dir), or --ckpt FILE")
     print(f"loading {path} …", flush=True)  # it and the vocabulary may take seconds
-    return load_checkpoint(path, str(device))
+    return load_model(path, args.device)
 
 
 def main(argv=None) -> list[str]:
     """Print --num_samples continuations of --prompt; returns them. Bad input: one sentence."""
     args = build_parser().parse_args(argv)
     try:
-        gpt, config, step = load_model(args)
+        gpt, config, step = load_run(args)
         encode, decode, drawable = text_codec(gpt.config.vocab_size)
         prompt = encode(args.prompt)
     except (FileNotFoundError, ValueError, RuntimeError) as err:

@@ -12,16 +12,18 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import data
 
 MANIFEST = "manifest.json"            # each file's bytes, sha256 (and max_token); written last
-INCOMPLETE = "INCOMPLETE"             # present while write_dataset replaces a dataset in place
+NEW_DATASET = ".new_dataset"          # a complete replacement being moved in (_move_in)
 HASH_ALWAYS_BYTES = 256 << 20         # datasets up to this size are hashed on every check
 
 
@@ -29,9 +31,14 @@ def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
     """Verify the folder as one dataset (hashing it if ≤ hash_bytes); returns a fingerprint of its
     files' names, sizes and sha256s (sizes alone with no manifest): content, not paths."""
     folder = Path(folder)
-    if (folder / INCOMPLETE).exists():
-        raise ValueError(f"{folder} was left half-written by an interrupted prepare.py; run the "
-                         f"prepare.py command that made it again")
+    if (folder / NEW_DATASET).is_dir():        # its writer was killed: finish what it began
+        try:
+            with _writer_lock(folder, wait=True):
+                _move_in(folder)
+        except OSError as err:
+            raise ValueError(f"{folder} is half-way through a replacement that a stopped "
+                             f"prepare.py began and could not be finished here ({err}); run "
+                             f"`python store.py check {folder}` as one who may write it") from None
     shards = data.shard_paths(folder, "train") + data.shard_paths(folder, "val")
     for path in shards:
         data.shard_length(path)
@@ -213,43 +220,41 @@ def make_folder(path):
 
 def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     """Write {split: tokens} as `{prefix}_{split}_{i:06d}.bin` shards and `extras` {name: bytes}
-    as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer."""
+    as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer.
+    The new dataset is written in a staging folder inside out_dir, which one rename makes
+    NEW_DATASET: a kill before that rename leaves out_dir as it was, a kill after it the new
+    dataset, which _move_in moves in (here, or in the next check_dataset). Of the files already
+    there, those named like the new dataset's are replaced and the other {prefix} shards
+    removed; the rest stay."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
-        fresh = not any(out_dir.iterdir())
-        if not (fresh or replace):
-            raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
-        refuse_foreign_shards(out_dir, prefix)     # an empty folder holds none
-        staging = _staging_folder(out_dir.parent if fresh else out_dir, out_dir.name)
+        _move_in(out_dir)                      # what a killed writer left, before anything else
+        staging = _staging_folder(out_dir)
         try:
+            if not replace and any(path != staging for path in out_dir.iterdir()):
+                raise FileExistsError(f"{out_dir} exists already; delete it to write it again")
+            refuse_foreign_shards(out_dir, prefix)
             names = _write_files(staging, prefix, splits, extras or {})
             write_manifest(staging, source, names)
-            if fresh:                          # the lock keeps other writers out of out_dir
-                rename(staging, out_dir)
-            else:
-                _swap_in(staging, out_dir, names, prefix)
+            rename(staging, out_dir / NEW_DATASET)  # the commit; the lock keeps writers out
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        _move_in(out_dir)
     return sorted(out_dir / name for name in names if name.endswith(".bin"))
 
 
 @contextlib.contextmanager
 def _writer_lock(folder, wait):
-    """An exclusive flock on the folder itself (no lock file), retaken if it was renamed over."""
-    while True:
-        fd = os.open(folder, os.O_RDONLY)
+    """An exclusive flock on the folder itself (no lock file), held while the block runs."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            os.close(fd)
             raise FileExistsError(f"another process is writing a dataset into {folder} right "
                                   f"now, so this one was not written; run the command again "
                                   f"when it has finished") from None
-        if os.fstat(fd).st_ino == os.stat(folder).st_ino:
-            break
-        os.close(fd)
-    try:
         yield
     finally:
         os.close(fd)                            # releases the lock
@@ -275,30 +280,34 @@ def refuse_foreign_shards(out_dir, prefix):
                          f"loader would mix in; choose another --out folder or delete them")
 
 
-def _staging_folder(parent, name):
-    """A new folder `.{name}.{pid}.{random}.staging` in parent; those of killed writers go."""
-    for old in parent.glob(f".{name}.*.staging"):
+def _staging_folder(folder):
+    """A new folder `.{name}.{pid}.{random}.staging` in the folder; those of killed writers go."""
+    for old in folder.glob(f".{folder.name}.*.staging"):
         with contextlib.suppress(PermissionError, ValueError):  # another user's; not a pid
             try:
                 os.kill(int(old.name.rsplit(".", 3)[-3]), 0)  # signal 0: does the writer run?
             except ProcessLookupError:
                 shutil.rmtree(old, ignore_errors=True)
-    return make_folder(parent / f".{name}.{os.getpid()}.{os.urandom(4).hex()}.staging")
+    return make_folder(folder / f".{folder.name}.{os.getpid()}.{os.urandom(4).hex()}.staging")
 
 
-def _swap_in(staging, out_dir, names, prefix):
-    """Marker written, new files renamed over the old (stale ones removed), manifest, marker
-    removed: a failure before this leaves the old dataset whole, a kill during it the marker."""
-    write_atomic(out_dir / INCOMPLETE, "prepare.py was replacing this dataset: run it again\n")
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    for name in names:
-        rename(staging / name, out_dir / name)
-    for stale in set(out_dir.glob(f"{prefix}_*.bin")) - {out_dir / name for name in names}:
-        stale.unlink()
-    rename(staging / MANIFEST, out_dir / MANIFEST)
-    (out_dir / INCOMPLETE).unlink()
-    _fsync_folder(out_dir)
-    staging.rmdir()
+def _move_in(folder):
+    """Finish a replacement: NEW_DATASET's files renamed over the old ones, old shards it lacks
+    removed, its manifest renamed last, NEW_DATASET removed. A step done is skipped when this
+    runs again, so a kill at any moment (of this too) leaves what the next call finishes."""
+    new = folder / NEW_DATASET
+    if not new.is_dir():
+        return
+    if (new / MANIFEST).exists():              # gone: every file before it is moved already
+        names = set(read_manifest(new)["files"])
+        for name in names:
+            if (new / name).exists():          # not moved in yet
+                rename(new / name, folder / name)
+        for stale in set(shard_files(folder)) - {folder / name for name in names}:
+            stale.unlink()
+        rename(new / MANIFEST, folder / MANIFEST)
+    new.rmdir()
+    _fsync_folder(folder)
 
 
 def number(kind, rule, test):
@@ -318,6 +327,9 @@ non_negative_int = number(int, "an integer >= 0", lambda v: v >= 0)
 positive_float = number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
 non_negative_float = number(float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
 fraction = number(float, "a number strictly between 0 and 1", lambda v: 0 < v < 1)
+seed = number(int, "an integer from 0 to 2^64 − 1", lambda v: 0 <= v < 2 ** 64)  # torch's range
+device = number(str, "cpu, or cuda or cuda:N where torch sees a GPU", lambda v: v == "cpu" or (
+    re.fullmatch(r"cuda(:\d+)?", v) is not None and torch.cuda.is_available()))
 
 
 def command_parser(doc):
@@ -343,8 +355,9 @@ def parse_args(argv=None):
 
 
 def check_command(args):
-    folder, manifest = args.folder, read_manifest(args.folder)
+    folder = args.folder
     check_dataset(folder, hash_bytes=math.inf)  # nothing is recorded that a reader refuses
+    manifest = read_manifest(folder)
     if manifest is None or not all(_complete(*item) for item in manifest["files"].items()):
         write_manifest(folder, manifest["source"] if manifest else {"kind": "store.py check"})
         done = "had no manifest" if manifest is None else "recorded its shards' largest token ids"

@@ -2,6 +2,7 @@
 arithmetic, and the CLI on run folders in train.py's checkpoint format (config.json, ckpt.pt,
 ckpt_step*.pt) of tiny models on a synthetic Markov language of 64 tokens."""
 import errno
+import itertools
 import json
 import math
 import os
@@ -264,12 +265,36 @@ def test_cli_verify_without_a_model_audits_searches_and_scans(capsys):
     seeded = cli("verify", "--b_ratio_scan", 4, "--seed", 1)["b_ratio_scan"]
     assert seeded == theorem4.binned(theorem4.b_ratio_scan(4, seed=1)) != out["b_ratio_scan"]
     printed = capsys.readouterr().out
-    assert "exhaustive search: V = 3, D = 2" in printed and "larger_share" in printed
+    assert "exhaustive search: 5,440 (W, h) pairs …\nexhaustive search: V = 3, D = 2" in printed
+    assert "larger_share" in printed
+
+
+def test_search_pairs_counts_what_the_search_enumerates():
+    for entries, h_entries in ((1, 1), (1, 2), (2, 1)):
+        values = range(-entries, entries + 1)
+        W = torch.tensor(list(itertools.product(values, repeat=6))).reshape(-1, 3, 2)
+        states = (2 * h_entries + 1) ** 2 - 1
+        assert theorem4.search_pairs(entries, h_entries) == W.sum(1).any(1).sum() * states
+
+
+@pytest.mark.parametrize("entries, h_entries, advice", [(50, 3, "give --entries 4 or less."),
+                                                      (2, 1000, "give a smaller --h_entries.")])
+def test_an_exhaustive_search_too_large_is_refused_before_anything_runs(entries, h_entries,
+                                                                         advice, capsys):
+    """--entries 50 printed the audit, then ran past 60 s in silence (it would need ~10¹³ pairs)."""
+    with pytest.raises(SystemExit) as excinfo:
+        cli("verify", "--exhaustive", "--entries", entries, "--h_entries", h_entries)
+    assert one_sentence(excinfo) == (
+        f"analyze.py verify: error: --exhaustive with --entries {entries} and --h_entries "
+        f"{h_entries} would compare {theorem4.search_pairs(entries, h_entries):,} (W, h) pairs, "
+        f"more than the 30,000,000 it may; {advice}")
+    assert theorem4.search_pairs(4, 3) <= theorem4.SEARCH_MAX_PAIRS < theorem4.search_pairs(5, 3)
+    assert capsys.readouterr().out == ""
 
 
 def test_cli_logits_after_mu_center_has_zero_mean_logit(runs, tmp_path):
     before = cli("logits", "--run", runs["untied"], "--tokens", 256)
-    gpt, cfg, step = analyze.load_checkpoint(runs["untied"] / "ckpt.pt", "cpu")
+    gpt, cfg, step = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
     heads.build("mu_center").after_step(gpt.output_weight)
     centred_run = tmp_path / "centred"
     centred_run.mkdir()
@@ -458,12 +483,12 @@ def test_checkpoint_without_config_or_with_weights_of_another_shape(runs, tmp_pa
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--offsets", "0", "1e300"], "argument --offsets: 1e300 is out of range; give a finite L"),
-    (["--offsets", "inf"], "argument --offsets: inf is out of range"),
-    (["--offsets", "nan"], "argument --offsets: nan is out of range"),
-    (["--seed", "-1"], "argument --seed: -1 is invalid; give an integer >= 0"),
-    (["--seed", str(2 ** 64)], "is too large; give an integer from 0 to 2^64 − 1"),
-    (["--device", "bogus"], "argument --device: 'bogus' is not a device this runs on"),
+    (["--offsets", "0", "1e300"], "--offsets: 1e300 is invalid; give a finite L with |L| ≤ 1e8"),
+    (["--offsets", "inf"], "argument --offsets: inf is invalid"),
+    (["--offsets", "nan"], "argument --offsets: nan is invalid"),
+    (["--seed", "-1"], "argument --seed: -1 is invalid; give an integer from 0 to 2^64 − 1"),
+    (["--seed", str(2 ** 64)], f"{2 ** 64} is invalid; give an integer from 0 to 2^64 − 1"),
+    (["--device", "bogus"], "argument --device: bogus is invalid; give cpu, or cuda or cuda:N where"),
     (["--tokens", "1.5"], "argument --tokens: '1.5' is not a number; give an integer > 0"),
 ])
 def test_bad_arguments_are_refused_before_any_table(argv, message, capsys):
@@ -482,14 +507,14 @@ def test_verify_refuses_a_figure_it_would_not_draw(capsys):
 
 
 def test_a_dataset_or_checkpoint_at_fault_is_named_for_what_it_is(runs, markov_dir, tmp_path):
-    """A dataset under INCOMPLETE (or /dev/null) used to be reported as too few tokens for
+    """A folder that mixes datasets (or /dev/null) used to be reported as too few tokens for
     --tokens; a ckpt.pt that is a folder as a run without checkpoints."""
-    half = tmp_path / "half"
-    half.mkdir()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
     for shard in markov_dir.iterdir():
-        (half / shard.name).write_bytes(shard.read_bytes())
-    (half / "INCOMPLETE").write_text("")
-    for data_dir, expected in ((half, "was left half-written by an interrupted prepare.py"),
+        (mixed / shard.name).write_bytes(shard.read_bytes())
+    (mixed / "markov_val_000001.bin").write_bytes((mixed / "markov_val_000000.bin").read_bytes())
+    for data_dir, expected in ((mixed, "is not named in"),
                                ("/dev/null", "/dev/null is a file, not a folder of shards")):
         with pytest.raises(SystemExit) as excinfo:
             cli("logits", "--run", runs["untied"], "--data", data_dir, "--tokens", 64)

@@ -9,6 +9,7 @@ import torch
 
 import analyze
 import data
+import model
 from experiments.alignment import rarity
 from test_analyze import (VOCAB, cli, gaussian, markov_dir, one_sentence,  # noqa: F401 (fixtures)
                           runs)
@@ -110,7 +111,7 @@ def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_stat
         assert out[key] == pytest.approx(logits[key], rel=1e-6)
     assert out["h_mu_proj"] == pytest.approx(out["h_mean_norm"] * out["h_mu_cos"], rel=1e-9)
     assert 0 < out["h_mean_norm"] <= out["h_norm_rms"]  # ‖mean‖ ≤ RMS of the norms
-    gpt, _, _ = analyze.load_checkpoint(runs["untied"] / "ckpt.pt", "cpu")
+    gpt, _, _ = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
     assert out["ln_f_gain_norm"] == pytest.approx(gpt.ln_f.weight.norm().item())
     assert out["h_norm_rms"] == pytest.approx(out["ln_f_gain_norm"], rel=0.1)  # near init
     shares = [c["share"] for c in out["residual_top"]]
@@ -120,7 +121,7 @@ def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_stat
 
 
 def test_cli_rarity_refuses_a_model_without_mu(runs, tmp_path):
-    gpt, cfg, step = analyze.load_checkpoint(runs["untied"] / "ckpt.pt", "cpu")
+    gpt, cfg, step = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
     with torch.no_grad():
         gpt.output_weight.sub_(gpt.output_weight.mean(0))
     centred = tmp_path / "centred"

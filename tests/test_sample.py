@@ -46,7 +46,7 @@ def test_draws_come_from_the_heads_soft_capped_logits_over_gpt2s_tokens(capped_r
     monkeypatch.setattr(sample, "next_token_probs", spy)
     samples = sample.main(["--run", str(capped_run), "--prompt", "Satan", "--num_samples", "2",
                            "--max_new_tokens", "3"])
-    gpt, _, _ = sample.load_checkpoint(capped_run / "ckpt.pt", "cpu")
+    gpt, _, _ = model.load_model(capped_run / "ckpt.pt", "cpu")
     prompt = sample.text_codec(50304)[0]("Satan")
     assert prompt[0] == 50256 and len(prompt) > 1             # <|endoftext|> Satan
     with torch.no_grad():
@@ -79,12 +79,18 @@ def test_a_synthetic_vocabulary_takes_and_prints_token_ids(tmp_path, capsys):
         sample.main(["--run", str(run), "--prompt", "64"])
 
 
-def test_bad_input_ends_in_one_sentence(tmp_path):
+def test_bad_input_ends_in_one_sentence(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit, match=f"{tmp_path} holds no ckpt.pt; pass --run the folder "
                                          f"of a train.py run"):
         sample.main(["--run", str(tmp_path)])
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit, match="cannot be read as a checkpoint of train.py"):
         sample.main(["--run", str(tmp_path)])
-    with pytest.raises(SystemExit, match="--device 'gpu' is not a torch device"):
-        sample.main(["--run", str(tmp_path), "--device", "gpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    devices = "cpu, or cuda or cuda:N where torch sees a GPU"
+    for flag, value, rule in (("--device", "gpu", devices), ("--device", "cuda:0", devices),
+                              ("--seed", str(2 ** 64), "an integer from 0 to 2^64 − 1")):
+        with pytest.raises(SystemExit):  # a seed past 2^64 was a traceback at the first draw
+            sample.main(["--run", str(tmp_path), flag, value])
+        assert capsys.readouterr().err.endswith(f"error: argument {flag}: {value} is invalid; "
+                                                f"give {rule}\n")

@@ -21,7 +21,7 @@ import heads
 import model
 import prepare
 import store
-from analyze import load_checkpoint, new_axes, plot_curves, print_table, run_models, save_figure
+from analyze import new_axes, plot_curves, print_table, run_models, save_figure
 
 
 def centred(A: torch.Tensor) -> torch.Tensor:
@@ -145,7 +145,7 @@ def run_tying(args) -> dict:
     geometry = {f"{a} vs {b}": measure(final[a], final[b]) for a, b in pairs}
     starts = [Path(run) / "ckpt_step0000000.pt" for run in (args.tied, args.untied)]
     if all(path.is_file() for path in starts):
-        start = matrices(*(load_checkpoint(path, args.device)[0] for path in starts))
+        start = matrices(*(model.load_model(path, args.device)[0] for path in starts))
         for a, b in pairs:
             geometry[f"{a} vs {b} at init"] = measure(start[a], start[b])
             geometry[f"Δ{a} vs Δ{b} since init"] = measure(final[a] - start[a], final[b] - start[b])
