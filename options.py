@@ -1,5 +1,5 @@
 """train.py's command line: its options, whose defaults are the paper's recipe (App. A), and
-their checks. `python train.py --help` lists them; the README's "Training" says more."""
+their checks. `python train.py --help` lists them."""
 import argparse
 import math
 import os
@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lam", type=float, default=None, help="λ of z_loss and mu_loss (default: heads.py's)")
     a("--cap", type=float, default=None, help="c of soft_cap (default: heads.py's)")
     a("--vocab_size", type=positive_int, default=50304, help="V (GPT-2's 50257, padded)")
-    a("--seed", type=non_negative_int, default=0, help="seed of the initial weights")
+    a("--seed", type=non_negative_int, default=0, help="seed of the initial weights and of the "
+      "random data order")
     a = p.add_argument_group("optimisation").add_argument
     a("--lr", type=positive_float, default=3e-3, help="peak learning rate η (paper: 3e-4 … 3e-1)")
     a("--steps", type=positive_int, default=100_000, help="optimizer steps")

@@ -1,5 +1,5 @@
-"""train.py's plumbing: the device, the processes, the data, the run folder (its lock, files and
-checkpoints), the console line, and the setup before step 1. Its command line: options.py."""
+"""train.py's plumbing: the device, the processes, the data made ready, the run folder (its lock,
+files, checkpoints and resume), the console line. Its command line: options.py."""
 import contextlib
 import fcntl
 import json
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import data
 import prepare
 import store
-from model import GPT, load_checkpoint
+from model import GPT, load_checkpoint, load_weights
 
 STAT_TOKENS = 524_288      # 2¹⁹ tokens ≈ the 5·10⁵ logit vectors of the paper's Sec. 3
 TEXT_CACHE = "data/text"   # where --data text files are tokenized (prepare.text_dataset)
@@ -157,7 +157,7 @@ def ready_data(args, ctx: Dist) -> data.ShardLoader:
         args.data_fingerprint = store.check_dataset(args.data, hash_bytes=0)
         loader = data.ShardLoader(args.data, args.micro_batch, args.seq_len, ctx.rank,
                                   ctx.world_size, "train", args.data_order, args.seed,
-                                  step_rows=args.batch_size)  # this rank's rows of each step
+                                  step_rows=args.batch_size)  # a step's rows, all ranks
         held = step * data.val_steps_held(args.data, args.micro_batch, args.seq_len,
                                           ctx.world_size)
     except (FileNotFoundError, ValueError) as err:
@@ -340,17 +340,15 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device):
             refuse(f"records {key} {ckpt[key]!r}, not a number")
     refuse_other_settings(path, ckpt["config"], config)
     try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as err:  # torch lists every mismatch, one per line: name the first
-        detail = next(line.strip() for line in str(err).splitlines()[1:] + [str(err)] if line)
-        refuse(f"holds weights that do not fit the model of its settings ({detail[:160]})")
-    try:
+        load_weights(model, ckpt["model"], path, "delete it to start afresh")
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
-    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+    except ValueError as err:  # load_weights' sentence
+        fail(str(err))
+    except (KeyError, TypeError, RuntimeError) as err:
         refuse(f"cannot continue this run ({err})")
     # AdamW takes moments of any shape, and its first step would then fail deep inside.
     for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
@@ -359,7 +357,6 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device):
                 refuse(f"holds optimizer state {name} of shape {tuple(value.shape)} for "
                        f"parameter {number} of shape {tuple(param.shape)}")
     return Progress(ckpt["step"], ckpt["init_loss"], ckpt["train_time_s"]), ckpt["config"]
-
 
 
 @dataclass

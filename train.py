@@ -2,9 +2,10 @@
 `python train.py --help` lists the options, grouped, with an example.
 
 Read it top to bottom: the recipe, `build_model`, `train_step` (one optimizer step), the
-measurements, `training_loop`, `main`. What it leaves to runs.py is plumbing: the processes, the
-run folder (its lock, config.json, log.jsonl, ckpt.pt for --resume, summary.json, each written
-whole), the data made ready, the console line. A run whose loss turns non-finite stops, records
+measurements, `training_loop`, `main`. runs.py holds the plumbing: the processes, the run folder
+(its lock, config.json, log.jsonl, ckpt.pt for --resume, summary.json, each written whole), the
+data made ready, the CPU threads, the console line, and FiniteWatch, which reads whether a loss
+was finite without making the GPU wait. A run whose loss turns non-finite stops, records
 diverged: true and exits 0.
 """
 import os
@@ -124,7 +125,8 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
         wait = isinstance(wrapped, DDP) and micro < grad_accum - 1  # no all-reduce yet
         with wrapped.no_sync() if wait else contextlib.nullcontext():
             with amp:
-                objective, stats = wrapped(x, y)  # heads.Head: (CE + regulariser, {ce, reg})
+                objective, stats = wrapped(x, y)  # the head's (CE + regulariser, {ce, reg}),
+                # by head.loss_path (build_model) or heads.Head.forward: the same result
             (objective / grad_accum).backward()
         sums += torch.stack((stats["ce"], objective.detach()))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -293,8 +295,8 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
     time_before = progress.train_time_s
     while progress.step < args.steps:
         step = progress.step = progress.step + 1
-        result = train_step(wrapped, optimizer, next_batch, lr_at(step - 1, args), grad_accum,
-                            amp)
+        result = train_step(wrapped, optimizer, next_batch, lr_at(step - 1, args),  # s = 0, 1, …
+                            grad_accum, amp)
         speed.steps += 1
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
@@ -361,7 +363,7 @@ def main(argv=None) -> GPT | None:
             return None
         model = build_model(args).to(ctx.device)
         optimizer = make_optimizer(model, args)
-        progress = folder.resume(args, model, optimizer)  # from ckpt.pt with --resume
+        progress = folder.resume(args, model, optimizer)  # ckpt.pt with --resume; config.json
         summary = training_loop(model, optimizer, folder, progress, args, ctx)
         if summary is not None:
             folder.finish(summary)
