@@ -3,10 +3,13 @@ from its committed results, so that the page cannot drift from them (tests/test_
     python experiments/pages.py [NAME ...]     # default: every page; the last step of run.sh
 """
 import csv
+import itertools
 import json
 import math
 import sys
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,39 +35,82 @@ def span(key: str, rows) -> tuple:
 
 
 def mechanism(results: Path) -> dict:
-    """gaps.csv by condition and shift (g), bases.csv, runs.csv's bf16 runs and times, cpu.json;
-    other: the same of the runs of another CPU in other_cpu/."""
+    """gaps.csv by condition and shift (g), bases.csv, runs.csv's bf16 runs and times, cpu.json,
+    the cures' paired tests against float32 (test) and each shift's bf16 gap against its final
+    |l̄| (rho); other: the same of the runs of another CPU in other_cpu/."""
     runs, bases, g = read_csv(results / "runs.csv"), read_csv(results / "bases.csv"), {}
     for row in read_csv(results / "gaps.csv"):
         g.setdefault(row["condition"], {})[row["shift"]] = row
-    bf16 = lambda shift: [r for r in runs if (r["condition"], r["shift"]) == ("bf16", shift)]
-    blown = [r for r in bf16("along3000") if r["val_loss_end"] > 10 * r["val_loss_start"]]
-    noise = [row for row in g["float32"].values() if row["shift"] != "none"]
-    cured = [row for c in ("float32", "bf16_f32_head", "bf16_mu_center") for row in g[c].values()
-             if row["shift"] != "none"]
-    ortho_f32 = [r for r in runs if r["shift"] == "ortho" and r["condition"] in (
-        "float32", "bf16_f32_head")]
+    gapped = [r for r in with_gaps(runs) if r["shift"] != "none"]
+    of = lambda condition, shift=None: sorted(  # in one order, so that runs pair up
+        (r for r in gapped if r["condition"] == condition and shift in (None, r["shift"])),
+        key=lambda r: (r["shift"], r["base"], r["seed"]))
+    blown = [r for r in of("bf16", "along3000") if r["val_loss_end"] > 10 * r["val_loss_start"]]
+    ortho_f32 = of("float32", "ortho") + of("bf16_f32_head", "ortho")
     wall = [r["wall_s"] for r in runs]
-    paper, = [r for r in read_csv(HERE.parent / "tests/data/oec_untied_runs.csv")
-              if (r["size"], r["lr"], r["head"]) == ("16M", 0.3, "baseline")]
+    paper = [r for r in paper_baselines() if r["size"] == "16M"]
     return dict(g=g, bases=bases, n_bases=len(bases), last_base=len(bases) - 1,
                 orders=len({r["seed"] for r in runs}),
-                paper=paper, h_mean_norm=span("h_mean_norm", [
+                paper=next(r for r in paper if r["lr"] == 0.3),
+                paper_best=min(r["test_loss"] for r in paper), h_mean_norm=span("h_mean_norm", [
                     b | dict(h_mean_norm=b["h_mu_proj"] / b["h_mu_cos"]) for b in bases]),
                 c_norm=span("c_norm_along1000", bases), val=span("val_loss", bases),
                 l_base=span("logit_mean", bases), mu=span("mu_norm", bases),
                 proj=span("h_mu_proj", bases), blown=len(blown),
-                n_3000=len(bf16("along3000")), blown_min=min((r["val_loss_end"] for r in blown),
-                                                            default=float("nan")),
-                noise_min=span("gap_min", noise)[0], noise_max=span("gap_max", noise)[1],
-                cured=(span("gap_min", cured)[0], span("gap_max", cured)[1]),
-                ortho_l=span("logit_mean_end", bf16("ortho")),
+                n_3000=len(of("bf16", "along3000")), blown_min=min(
+                    (r["val_loss_end"] for r in blown), default=float("nan")),
+                noise=span("gap_end", of("float32")),
+                cures=span("gap_end", of("bf16_f32_head") + of("bf16_mu_center")),
+                test={c: paired_test([r["gap_end"] for r in of(c)],
+                                     [r["gap_end"] for r in of("float32")])
+                      for c in ("bf16_f32_head", "bf16_mu_center")},
+                rho={s: rank_correlation([abs(r["logit_mean_end"]) for r in of("bf16", s)],
+                                         [r["gap_end"] for r in of("bf16", s)])
+                     for s in ("along1000", "along3000", "ortho")},
+                ortho_l=span("logit_mean_end", of("bf16", "ortho")),
                 ortho_l_f32=max(abs(r["logit_mean_end"]) for r in ortho_f32),
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
                 cpu=cpu_text(json.loads((results / "cpu.json").read_text())),
                 table=(results / "table.md").read_text().rstrip("\n"),
                 drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"),
                 other=mechanism(results / "other_cpu") if (results / "other_cpu").is_dir() else {})
+
+
+def paper_baselines() -> list[dict]:
+    """The untied baselines of the authors' run table, each with h_mu_proj = l̄/‖μ‖ = h̄·μ̂."""
+    return [r | dict(h_mu_proj=r["logit_mean"] / r["mu_norm"]) for r in read_csv(
+        HERE.parent / "tests/data/oec_untied_runs.csv") if r["head"] == "baseline"]
+
+
+def paired_test(gaps: list, reference: list) -> dict:
+    """Gaps against the reference runs' of the same base, data order and shift (paired in order):
+    the mean and root mean square of each, and the signed-rank p of the paired differences (cost:
+    is the mean shifted?) and of the paired |gap| differences (size: do they stray further?)."""
+    x, f = np.array(gaps), np.array(reference)
+    return dict(n=len(x), mean=x.mean(), rms=np.sqrt(np.mean(x ** 2)), ref_mean=f.mean(),
+                ref_rms=np.sqrt(np.mean(f ** 2)), p_cost=signed_rank_p(x - f),
+                p_size=signed_rank_p(np.abs(x) - np.abs(f)))
+
+
+def signed_rank_p(d: np.ndarray) -> float:
+    """Wilcoxon's signed-rank test of differences d centred on 0, two-sided and exact: the share
+    of the 2ⁿ sign patterns whose rank sum lies as far from its mean n(n + 1)/4 as d's does."""
+    n, ranks = len(d), np.abs(d).argsort().argsort() + 1
+    ways = np.zeros(n * (n + 1) // 2 + 1)  # ways[w]: the sign patterns of rank sum w
+    ways[0] = 1
+    for k in range(1, n + 1):
+        ways[k:] = ways[k:] + ways[:-k]
+    far = np.abs(np.arange(len(ways)) - n * (n + 1) / 4)
+    return ways[far >= abs(ranks[d > 0].sum() - n * (n + 1) / 4) - 1e-9].sum() / 2 ** n
+
+
+def rank_correlation(x: list, y: list) -> tuple:
+    """Spearman's ρ of x and y and its two-sided exact p: the share of the n! orders of y whose ρ
+    is at least as far from 0 (n ≤ 10)."""
+    rx, ry = (np.argsort(np.argsort(v)) for v in (x, y))
+    rho = lambda r: 1 - 6 * ((rx - r) ** 2).sum(-1) / (len(rx) ** 3 - len(rx))
+    every = rho(np.array(list(itertools.permutations(ry)), dtype=np.int8))
+    return rho(ry), np.mean(np.abs(every) >= abs(rho(ry)) - 1e-9)
 
 
 def with_gaps(rows: list[dict]) -> list[dict]:
@@ -141,7 +187,15 @@ def alignment(results: Path) -> dict:
         b=r[p]["baseline"], c=r[p]["mu_center"], a=a[p]) for p in pairs)]
         for name, cell in ALIGNMENT_ROWS)])
     baselines, rarities = [r[p]["baseline"] for p in pairs], [a[p] for p in pairs]
+    paper = paper_baselines()
+    at_03, at_3e4 = ([row for row in paper if row["lr"] == lr] for lr in (0.3, 3e-4))
+    bests = [min(row["test_loss"] for row in paper if row["size"] == size)  # each size's best η
+             for size in {row["size"] for row in paper}]
     return dict(r=r, a=a, table=table, n_pairs=len(pairs), proj=span("h_mu_proj", baselines),
+                paper=len(paper), paper_aligned=sum(abs(row["h_mu_proj"]) >= 0.5 for row in paper),
+                paper_proj=span("h_mu_proj", at_03),
+                paper_proj_low=span("h_mu_proj", at_3e4), paper_l=span("logit_mean", at_03),
+                paper_loss=span("test_loss", at_03), paper_best=(min(bests), max(bests)),
                 mu=span("mu_norm", baselines), cost=span("prec_ce_gap", baselines),
                 rms=span("h_norm_rms", rarities), gain=span("ln_f_gain_norm", rarities),
                 top2=span("top2", rarities),
@@ -156,6 +210,7 @@ def proxy(results: Path) -> dict:
     untied = lambda head: [r for r in rows if r["head"] == head and r["tie"] == "false"]
     l_min, l_max = span("logit_mean", untied("baseline"))
     return dict(run={r["run"]: r for r in rows}, t=t, l_min=l_min, l_max=l_max, runs=len(rows),
+                cost_max=max(abs(r["prec_ce_gap"]) for r in untied("baseline")),
                 core_min=sum(r["train_time_s"] for r in rows) / 60,
                 centred_mu_max=span("mu_norm", untied("mu_center"))[1],
                 offsets=markdown_table([
@@ -166,6 +221,9 @@ def proxy(results: Path) -> dict:
 
 FREQUENCY_RUNS = ("uniform", "zipf", "frozen_gain_uniform", "frozen_gain_zipf")  # run.sh's sweeps
 FREQUENCY_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv; a: rarity.py's
+    ("tokens that occur in the training split", "{a[used]:,} of {a[vocab]:,}"),
+    ("training loss logged at step 100 / mean over the second-last, last 1,000 steps",
+     "{a[loss_first]:.2f} / {a[loss_before]:.2f}, {a[loss_last]:.2f}"),
     ("validation loss, baseline / μ-centering", "{b[test_loss]:.3f} / {c[test_loss]:.3f}"),
     ("‖μ‖", "{b[mu_norm]:.1f}"),
     ("l̄ at the end (largest \\|l̄\\| logged)", "{b[logit_mean]:.2f} ({a[l_max]:.1f})"),
@@ -207,9 +265,15 @@ def frequency(results: Path) -> dict:
         sweep, seed = k.rsplit("_seed", 1)
         run = f"{sweep}/tiny_baseline_lr0.3_tie0_bfloat16_seed{seed}"
         points = [t for t in logged if t["run"] == run]
-        late = [t["h_mu_proj"] for t in points if t["step"] > points[-1]["step"] / 2]
+        end = points[-1]["step"]
+        late = [t["h_mu_proj"] for t in points if t["step"] > end / 2]
+        loss = lambda after: np.mean([t["loss"] for t in points if 0 < t["step"] - after <= 1000])
         a[k] |= dict(l_max=max(abs(t["logit_mean"]) for t in points), proj_low=min(late),
-                     proj_high=max(late), curv_ratio=a[k]["curv_mu"] / a[k]["curv_random"])
+                     proj_high=max(late), curv_ratio=a[k]["curv_mu"] / a[k]["curv_random"],
+                     vocab=sum(b["rows"] for b in a[k]["buckets"]), used=sum(
+                         b["rows"] for b in a[k]["buckets"] if b["counts"] != "[0, 1)"),
+                     loss_first=points[0]["loss"], loss_before=loss(end - 2000),
+                     loss_last=loss(end - 1000), loss_drop=loss(end - 2000) - loss(end - 1000))
     cell = lambda k, form: form.format(b=r[k]["baseline"], c=r[k].get("mu_center", NO_RUN),
                                        a=a[k])
     names = [k.replace("frozen_gain_", "g frozen, ").replace("_seed", ", seed ") for k in runs]
@@ -217,12 +281,13 @@ def frequency(results: Path) -> dict:
                                             for name, form in FREQUENCY_ROWS)])
     plain = [k for k in runs if not k.startswith("frozen")]
     pairs = [r[k] for k in plain if "mu_center" in r[k]]
-    learned = [row for k in plain for row in r[k].values()]
     rarities = [a[k] for k in plain]
     times = [row["train_time_s"] for k in runs for row in r[k].values()]
     return dict(r=r, a=a, table=table, core_min=sum(times) / 60, fastest=min(times),
                 slowest=max(times),
-                worst_excess=max(row["test_loss"] for row in learned) - math.log(4),
+                excess={language: max(row["test_loss"] for k in plain if k.startswith(language)
+                                      for row in r[k].values()) - math.log(4)
+                        for language in ("uniform", "zipf")},
                 uniform_l_max=max(a[k]["l_max"] for k in plain if k.startswith("uniform")),
                 cost_max=max(abs(r[k]["baseline"]["prec_ce_gap"]) for k in plain),
                 centering_max=max(abs(p["baseline"]["test_loss"] - p["mu_center"]["test_loss"])

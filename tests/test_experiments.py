@@ -71,3 +71,21 @@ def test_pages_refuses_a_page_it_does_not_write():
                           capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr == (
         "pages.py: error: there is no page 'geometry'; name one of mechanism, alignment, proxy, frequency.\n")
+
+
+def test_the_pages_exact_tests_count_every_sign_pattern_and_every_order():
+    """signed_rank_p and rank_correlation's p against enumerating what each one counts."""
+    import itertools
+    import numpy as np
+    d = np.array([0.3, -1.2, 0.05, 2.0, -0.7, 0.9, 1.4])
+    ranks = np.abs(d).argsort().argsort() + 1
+    centre = len(d) * (len(d) + 1) / 4
+    sums = [ranks[np.array(signs) > 0].sum() for signs in itertools.product((-1, 1), repeat=len(d))]
+    far = np.mean([abs(w - centre) >= abs(ranks[d > 0].sum() - centre) for w in sums])
+    assert pages.signed_rank_p(d) == pytest.approx(far) and 0 < far < 1
+    x, y = [3.0, 1.0, 4.0, 1.5, 5.0, 9.0], [2.0, 7.0, 1.0, 8.0, 2.5, 8.5]
+    rho, p = pages.rank_correlation(x, y)
+    spearman = lambda order: np.corrcoef(np.argsort(np.argsort(x)), order)[0, 1]
+    assert rho == pytest.approx(spearman(np.argsort(np.argsort(y))))
+    orders = list(itertools.permutations(range(6)))
+    assert p == pytest.approx(np.mean([abs(spearman(o)) >= abs(rho) - 1e-9 for o in orders]))

@@ -3,6 +3,7 @@ the console lines, the refusal and the download sizes it quotes checked against 
 does, so the front page cannot drift from the code. Also: the GPT-2 vocabulary loads offline."""
 import csv
 import json
+import math
 import os
 import re
 import shlex
@@ -175,7 +176,29 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
     assert f"‖h̄‖ ≤ {max(plain):.2f}" in text
     frozen = [f"{rarity[f'frozen_gain_zipf_seed{s}']['h_mu_proj']:.1f}" for s in (0, 1)]
     assert f"h̄·μ̂ reaches {frozen[0]} and {frozen[1]}".replace("-", "−") in text
-    paper, = (r for r in rows("tests/data/oec_untied_runs.csv")
-              if (r["size"], r["lr"], r["head"]) == ("16M", "3e-01", "baseline"))
-    assert f"≈ {float(paper['logit_mean']) / float(paper['mu_norm']):.1f} in the paper's 16M " \
-        "baseline at η = 0.3" in text
+    zipf_used = sum(b["rows"] for b in rarity["zipf_seed0"]["buckets"] if b["counts"] != "[0, 1)")
+    assert f"({zipf_used:,} of 4,096 in the Zipf one's training split)" in text
+    paper = [(float(r["lr"]), float(r["logit_mean"]) / float(r["mu_norm"]))
+             for r in rows("tests/data/oec_untied_runs.csv") if r["head"] == "baseline"]
+    at_03 = sorted(proj for lr, proj in paper if lr == 0.3)
+    assert f"at least 0.5 in {sum(abs(proj) >= 0.5 for _, proj in paper)} of the {len(paper)} " \
+        f"untied baselines, and {at_03[0]:.1f} to {at_03[-1]:.1f} at η = 0.3" in text
+
+
+def test_the_mechanism_statistics_the_front_page_quotes_are_the_pages():
+    """README's cure tests and rank correlations, as pages.py computes them for the page from the
+    committed CSVs (test_experiments checks those statistics against brute force)."""
+    from experiments import pages
+    text = flat(section("What the experiments found")).replace("−", "-")
+    here = pages.mechanism(ROOT / "experiments/mechanism/results")
+    both = (here, here["other"])
+    rho = [here["rho"][shift][0] for shift in here["rho"]]
+    assert f"Spearman's ρ {min(rho):.2f} to {max(rho):.2f} over the nine runs" in text
+    tests = [page["test"][cure] for page in both for cure in ("bf16_f32_head", "bf16_mu_center")]
+    floor = lambda key: math.floor(min(t[key] for t in tests) * 10) / 10
+    assert f"no cost (p ≥ {floor('p_cost'):.1f}) and no larger size than float32's " \
+        f"(p ≥ {floor('p_size'):.1f})" in text
+    spans = {key: (min(page[key][0] for page in both), max(page[key][1] for page in both))
+             for key in ("cures", "noise")}
+    assert "their range is wider ({:+.2f} to {:+.2f} nats, against float32's {:+.2f} to {:+.2f})"\
+        .format(*spans["cures"], *spans["noise"]) in text

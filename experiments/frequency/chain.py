@@ -1,5 +1,5 @@
-"""Two Markov languages with one entropy rate that differ only in how often each token occurs
-(experiments/frequency/README.md).
+"""Two Markov languages with one entropy rate, built to differ in how often each token occurs
+(experiments/frequency/README.md; they also differ in how many tokens occur).
 
 Every token i has K distinct successors S(i), each next with probability 1/K: the entropy rate is
 ln K in both, and a model learns either chain by memorising its V·K pairs.

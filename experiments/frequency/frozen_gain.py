@@ -1,5 +1,6 @@
 """train.py with the final LayerNorm's gain g frozen at 1 (experiments/frequency/README.md): the
-ablation that lifts the cap ‖h̄‖ ≤ RMS ‖h‖ ≈ ‖g‖ that small gains on the massive coordinates set.
+ablation that lifts the cap ‖h̄‖ ≤ RMS ‖h‖, which small gains on the massive coordinates hold
+far below ‖g‖.
     python experiments/frequency/frozen_gain.py TRAIN.PY-OPTIONS...
 """
 import sys

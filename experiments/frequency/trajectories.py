@@ -1,16 +1,22 @@
 """Every run's logged statistics by step, as one CSV that the page reads (train.py logs them
-every --log_every steps in RUN/log.jsonl; run folders are not committed).
+every --log_every steps in RUN/log.jsonl; run folders are not committed). `loss` is the step's
+training loss as train.py logs it: the cross-entropy, for the heads run here.
     python experiments/frequency/trajectories.py runs/frequency --out results/trajectories.csv
 """
 import argparse
 import csv
-import sys
+import json
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, whose modules these import
-import sweep
-
 KEYS = ("step", "loss", "logit_mean", "mu_norm", "h_mu_proj", "h_mu_cos", "prec_ce_gap")
+
+
+def log_records(log: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    except ValueError:
+        raise SystemExit(f"trajectories.py: error: {log} is not a log of train.py (a line is not "
+                         "JSON); name a folder of sweep.py's sweeps.") from None
 
 
 def main(argv=None):
@@ -21,9 +27,10 @@ def main(argv=None):
     with open(args.out, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(("run", *KEYS))
-        for run in sorted(log.parent for log in Path(args.runs).glob("*/*/log.jsonl")):
-            writer.writerows((f"{run.parent.name}/{run.name}", *(f"{r[k]:.6g}" for k in KEYS))
-                             for r in sweep.read_log(run) if "h_mu_cos" in r)
+        for log in sorted(Path(args.runs).glob("*/*/log.jsonl")):
+            writer.writerows((f"{log.parent.parent.name}/{log.parent.name}",
+                              *(f"{r[k]:.6g}" for k in KEYS))
+                             for r in log_records(log) if "h_mu_cos" in r)
 
 
 if __name__ == "__main__":

@@ -316,8 +316,9 @@ def gap_table(gaps: list[dict], bases: list[dict], args) -> str:
         + table("How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
                 "over the logged steps, mean over the runs:",
                 lambda g: f"{g['drift_mean']:.0f}")
-        + ["Each base run (train.py's final statistics over the first 4,096 validation tokens) "
-           "and bf16 from it, mean over the data orders:", "",
+        + [f"Each base run (train.py's final statistics: the validation loss over the first "
+           f"{BASE['eval_tokens']:,} validation tokens, the rest over the first "
+           f"{BASE['stat_tokens']:,}) and bf16 from it, mean over the data orders:", "",
            pages.markdown_table([[name for name, *_ in stats], *(
                [form.format(b[key]) for _, key, form in stats] for b in bases)]), ""])
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces experiments/proxy/results/ (README, "What you should see") on a 2-core CPU: the text, the
-# proxy grid (70 runs), the second seeds where heads part ways, then results.csv, the tables
-# and the figures. Resumable: run it again after an interruption. About 2 hours on 2 idle cores.
+# Reproduces experiments/proxy/results/ and its page on a 2-core CPU: the text, the proxy grid
+# (70 runs), the second seeds where heads part ways, then results.csv, the tables and the figures.
+# Resumable: run it again after an interruption. The page gives the runs' core-minutes.
 #   bash experiments/proxy/run.sh   # RUNS=runs/proxy OUT_DIR=experiments/proxy/results by default
 set -euo pipefail
 cd "$(dirname "$0")/../.."
