@@ -251,7 +251,8 @@ def load_weights(gpt: GPT, state_dict: dict, path, fix: str) -> None:
     try:
         gpt.load_state_dict(state_dict)
     except RuntimeError as err:  # torch lists every mismatch, one per line: name the first
-        detail = next(line.strip() for line in str(err).splitlines()[1:] + [str(err)] if line)
+        lines = str(err).splitlines()[1:] + [str(err)]
+        detail = next(line.strip() for line in lines if line.strip())
         raise ValueError(f"{path} holds weights that do not fit the model of its settings "
                          f"({detail[:160]}); {fix}") from None
 

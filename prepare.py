@@ -445,7 +445,8 @@ def parse_args(argv=None):
     f.add_argument("--out", type=folder_name, help="output folder (default data/DATASET)")
     f.add_argument("--base_url", help=f"download location (default ${BASE_URL_ENV}, else HF)")
     out = argparse.ArgumentParser(add_help=False)
-    out.add_argument("--out", type=folder_name, required=True)
+    out.add_argument("--out", type=folder_name, required=True, help="the dataset's folder: a "
+                     "dataset there is replaced whole, any other files in it stay")
     t = sub.add_parser("text", parents=[out], help="tokenize UTF-8 text files, a document each")
     t.add_argument("files", nargs="+")
     t.add_argument("--val_fraction", type=fraction, default=VAL_FRACTION)

@@ -24,7 +24,7 @@ import torch
 import measure
 
 SEARCH_ENTRIES, SEARCH_H_ENTRIES = 2, 3  # exhaustive search: W's entries in ±2, h's in ±3
-SEARCH_MAX_PAIRS = 30_000_000  # (W, h) pairs; 25.3M (±4, ±3) took 13 s and 1.8 GB on one core
+SEARCH_MAX_PAIRS = 30_000_000  # (W, h) pairs; 25M took 13 s (±4, ±3) to 27 s (±2, ±20), 1.8 GB
 SCAN_MATRICES = 200                      # B_ratio scan: random anisotropic matrices
 
 E0 = ((-1, 0), (0, -1), (0, 0))    # μ = (−1/3, −1/3); E₀–E₃: the audit's counterexamples
@@ -107,7 +107,7 @@ def theorem4_audit() -> list[dict]:
 
 
 def search_pairs(entries: int, h_entries: int) -> int:
-    """The (W, h) pairs exhaustive_search compares, in proportion to its time and memory: the
+    """The (W, h) pairs exhaustive_search compares, which its time and memory grow with: the
     (2K+1)⁶ matrices less those with μ = 0 (per column, e₃ = −e₁ − e₂ must lie in ±K too), times
     the (2K_h+1)² − 1 states h ≠ 0."""
     zero_mu = ((2 * entries + 1) ** 2 - entries * (entries + 1)) ** 2

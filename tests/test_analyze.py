@@ -281,7 +281,7 @@ def test_search_pairs_counts_what_the_search_enumerates():
                                                       (2, 1000, "give a smaller --h_entries.")])
 def test_an_exhaustive_search_too_large_is_refused_before_anything_runs(entries, h_entries,
                                                                          advice, capsys):
-    """--entries 50 printed the audit, then ran past 60 s in silence (it would need ~10¹³ pairs)."""
+    """--entries 50 printed the audit, then ran past 60 s in silence (5.1·10¹³ pairs)."""
     with pytest.raises(SystemExit) as excinfo:
         cli("verify", "--exhaustive", "--entries", entries, "--h_entries", h_entries)
     assert one_sentence(excinfo) == (

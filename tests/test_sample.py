@@ -90,7 +90,7 @@ def test_bad_input_ends_in_one_sentence(tmp_path, capsys, monkeypatch):
     devices = "cpu, or cuda or cuda:N where torch sees a GPU"
     for flag, value, rule in (("--device", "gpu", devices), ("--device", "cuda:0", devices),
                               ("--seed", str(2 ** 64), "an integer from 0 to 2^64 − 1")):
-        with pytest.raises(SystemExit):  # a seed past 2^64 was a traceback at the first draw
+        with pytest.raises(SystemExit):  # a seed past 2^64: a traceback as drawing began
             sample.main(["--run", str(tmp_path), flag, value])
         assert capsys.readouterr().err.endswith(f"error: argument {flag}: {value} is invalid; "
                                                 f"give {rule}\n")
