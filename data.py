@@ -1,36 +1,33 @@
 """Token shards: the format, the DDP-aware loader, validation batches. Copy this file alone.
 
-Every source ends in the llm.c / modded-nanogpt shard, so pre-tokenized shards from
-elsewhere work as they are:
+A split is the sorted `*train*.bin` (or `*val*.bin`) files of a folder, each read as one of:
 
-    bytes 0‥1023   header, 256 little-endian int32: [20240520 (magic), 1 (version), n, 0, …]
-    bytes 1024‥    n tokens, little-endian uint16
+    an llm.c / modded-nanogpt shard (write_shard's): bytes 0‥1023 are 256 little-endian int32
+        [20240520 (magic), 1 (version), n, 0, …], then n little-endian uint16 tokens;
+    headerless tokens (nanoGPT's train.bin / val.bin): a file of even size whose first int32
+        is not the magic, read as it is: size / 2 little-endian uint16 tokens (to pass for a
+        header its first token would have to be 54856, beyond GPT-2's 50257 ids).
 
-A split is the sorted `*train*.bin` (or `*val*.bin`) shards of a folder. `ShardLoader` cuts
-them into (B, T) batches x and y = x shifted by one token, in order or at random (the paper's
-code), from a position of ints (`state_dict`): a resumed run draws exactly the batches the
-uninterrupted run would have. Imports nothing of its project (torch and numpy only); what
-makes a folder one dataset (a manifest, writing it whole) is store.py's.
+`ShardLoader` cuts a split into (B, T) batches x and y = x shifted by one token, in order or at
+random (every window start of the split equally likely), from a position of ints
+(`state_dict`): a resumed run reads exactly the windows the uninterrupted one would have.
+Imports nothing of its project (torch and numpy only).
 """
 from pathlib import Path
 
 import numpy as np
 import torch
 
-MAGIC, VERSION = 20240520, 1          # llm.c shard header
-HEADER_INTS = 256                     # header length in int32 (1024 bytes)
-HEADER_BYTES = HEADER_INTS * 4
-SHARD_TOKENS = 100_000_000            # tokens per train shard: FineWeb's, and ours
-EOT = 50256                           # GPT-2 <|endoftext|>, placed before every document
+MAGIC, VERSION = 20240520, 1           # llm.c shard header
+HEADER_INTS, HEADER_BYTES = 256, 1024  # header length in int32, in bytes
+SHARD_TOKENS = 100_000_000             # tokens per train shard: FineWeb's, and ours
+EOT = 50256                            # GPT-2 <|endoftext|>, placed before every document
 ORDERS = ("sequential", "random")
-PREPARE_HINT = ("`python prepare.py fineweb --shards 8 --out {dir}` (GPT-2 FineWeb) or "
-                "`python prepare.py text FILES --out {dir}` (your own text)")
 
 
 # ----------------------------------------------------------------------------- shard format
 def write_shard(path, tokens):
-    """Write tokens (ints in [0, 65535]) as one shard; not atomic, but a write cut short fails
-    shard_length (store.py writes whole datasets in a staging folder)."""
+    """One llm.c shard of tokens (ids in [0, 65535]); not atomic: a cut write fails shard_length."""
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() > 65535):
         raise ValueError(f"token ids must lie in [0, 65535] to fit a uint16 shard, "
@@ -42,39 +39,47 @@ def write_shard(path, tokens):
         f.write(tokens.astype("<u2").tobytes())
 
 
-def shard_length(path):
-    """Validate a shard's header against its file size and return its token count n."""
-    path = Path(path)
-    size = path.stat().st_size
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS) if size >= HEADER_BYTES else None
-    n = -1 if header is None else int(header[2])
-    expected = HEADER_BYTES + 2 * n
-    if header is None:
+def shard_length(path, headerless=False):
+    """Validate a shard against its file size and return its token count n. By default the
+    file must be an llm.c shard (as a download must); headerless=True also reads a file without
+    the magic as bare uint16 tokens, n = size / 2 (the module docstring's two layouts)."""
+    path, fix = Path(path), "make it again with the tool that wrote it"  # unless said below
+    size, header = path.stat().st_size, np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    n = int(header[2]) if header.size > 2 else -1
+    if not (header.size and header[0] == MAGIC):
+        if headerless and size % 2 == 0:
+            return size // 2
+        problem = (f"is neither an llm.c shard (its first int32 is not {MAGIC}) nor headerless "
+                   f"uint16 tokens (its size, {size} bytes, is odd)")
+        if not headerless:
+            problem, fix = (f"has no llm.c shard header (its first int32 is not {MAGIC}), which "
+                            f"is required here"), "give an llm.c shard"
+    elif size < HEADER_BYTES:
         problem = f"is truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header"
-    elif header[0] != MAGIC:
-        problem = f"is not a token shard: its magic number is {header[0]}, not {MAGIC}"
     elif header[1] != VERSION:
-        problem = f"has shard version {header[1]}; only version {VERSION} (uint16) is read"
+        problem, fix = (f"has shard version {header[1]}, but only version {VERSION} (uint16 "
+                        f"tokens) is read"), f"write its tokens as a version-{VERSION} shard"
     elif n < 0:
         problem = f"has a corrupt header: it announces {n} tokens"
-    elif size != expected:
+    elif size != (expected := HEADER_BYTES + 2 * n):
         problem = (f"is {'truncated' if size < expected else 'longer than its header says'}: "
                    f"its header announces {n} tokens ({expected} bytes) but the file has {size}")
     else:
         return n
-    raise ValueError(f"{path} {problem}; delete it and prepare the data again")
+    raise ValueError(f"{path} {problem}; {fix}")
 
 
 def read_shard(path):
-    """The tokens of a validated shard as a read-only uint16 memory map (no copy in RAM)."""
-    if not (n := shard_length(path)):
+    """The tokens of a validated shard of either layout as a read-only uint16 memory map."""
+    if not (n := shard_length(path, headerless=True)):
         return np.zeros(0, dtype=np.uint16)  # memmap cannot map zero bytes
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    offset = Path(path).stat().st_size - 2 * n  # the header's 1024 bytes, or none
+    return np.memmap(path, dtype="<u2", mode="r", offset=offset, shape=(n,))
 
 
 def shard_paths(data_dir, split):
-    """The sorted shards `DIR/*{split}*.bin`; FileNotFoundError when there are none (naming
-    the command that makes them), ValueError when one of those names is not a file."""
+    """The sorted shards `DIR/*{split}*.bin`; FileNotFoundError when there are none,
+    ValueError when one of those names is not a file."""
     data_dir = Path(data_dir)
     if not data_dir.exists():
         raise FileNotFoundError(f"no {split} shards: {data_dir} does not exist (a relative "
@@ -87,8 +92,8 @@ def shard_paths(data_dir, split):
         if not path.is_file():
             raise ValueError(f"{path} is named like a shard but is not a file; rename or remove it")
     if not paths:
-        raise FileNotFoundError(f"no {split} shards (*{split}*.bin) in {data_dir}; prepare them "
-                                f"with {PREPARE_HINT.format(dir=data_dir)}")
+        raise FileNotFoundError(f"no {split} shards (*{split}*.bin) in {data_dir}; put the "
+                                f"split's token files there, llm.c shards or headerless uint16")
     return paths
 
 
@@ -118,7 +123,7 @@ class ShardLoader:
         self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
         self.order, self.seed = order, seed
         self.paths = shard_paths(data_dir, split)
-        self.lengths = [shard_length(p) for p in self.paths]
+        self.lengths = [shard_length(p, headerless=True) for p in self.paths]
         B, T, W = batch_size, seq_len, world_size
         need, what = (W * B * T + 1, f"one step reads ({W} ranks × {B} sequences × {T} tokens "
                                      f"+ 1)") if order == "sequential" else \
@@ -126,7 +131,7 @@ class ShardLoader:
         for path, n in zip(self.paths, self.lengths):
             if n < need:
                 raise ValueError(f"{path} holds {n} tokens, fewer than the {need} {what}; use "
-                                 f"fewer or shorter sequences, or prepare more data")
+                                 f"fewer or shorter sequences, or more data")
         starts = np.array(self.lengths) - T
         self.shard_odds = starts / starts.sum()
         self.load_state_dict({"shard": 0, "position": 0, "epoch": 0} if order == "sequential"
@@ -203,6 +208,5 @@ def val_batches(data_dir, eval_tokens, batch_size, seq_len, rank=0, world_size=1
     return (loader.next_batch() for _ in range(steps))
 
 
-if __name__ == "__main__":  # the commands that were here live in store.py now
-    raise SystemExit("data.py is the shard format and loader and has no commands; check a "
-                     "dataset with `python store.py check DIR`")
+if __name__ == "__main__":
+    raise SystemExit("data.py is a library module with no commands; import it")

@@ -34,7 +34,7 @@ def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
                          f"prepare.py command that made it again")
     shards = data.shard_paths(folder, "train") + data.shard_paths(folder, "val")
     for path in shards:
-        data.shard_length(path)
+        data.shard_length(path, headerless=True)  # nanoGPT's bare uint16 files are a dataset too
     manifest = read_manifest(folder)
     files = {p.name: {"bytes": p.stat().st_size, "sha256": None} for p in shards}
     if manifest is not None:
@@ -103,16 +103,19 @@ def _complete(name, entry):
 
 def file_entry(path, shard=None):
     """{bytes, sha256} from one read of the file, and for a shard (a .bin unless told) max_token."""
+    shard = shard or str(path).endswith(".bin")
+    header = Path(path).stat().st_size - 2 * data.shard_length(path, headerless=True) \
+        if shard else 0                               # 1024 bytes, or 0 for bare uint16
     digest, top, size = hashlib.sha256(), -1, 0
     with open(path, "rb") as f:
         while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
             digest.update(block)
-            tokens = block[max(0, data.HEADER_BYTES - size):]
+            tokens = block[max(0, header - size):]
             if len(tokens) > 1:                       # an odd last byte is no token
                 top = max(top, int(np.frombuffer(tokens[:len(tokens) // 2 * 2], "<u2").max()))
             size += len(block)
     entry = {"bytes": size, "sha256": digest.hexdigest()}
-    return {**entry, "max_token": top} if shard or str(path).endswith(".bin") else entry
+    return {**entry, "max_token": top} if shard else entry
 
 
 def shard_files(folder):

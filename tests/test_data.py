@@ -66,7 +66,7 @@ def corrupt(path, how):
 
 
 CORRUPTIONS = [
-    ("magic", "magic number is 12345"), ("version", "version 7"),
+    ("version", "version 7"),
     ("truncated", "is truncated: its header announces 100 tokens"),
     ("header", "shorter than the 1024-byte header"), ("extra", "longer than its header says"),
     ("byte", "longer than its header says"), ("more", "truncated: its header announces 101"),
@@ -79,10 +79,55 @@ def test_header_validation_catches_each_corruption(tmp_path, how, message):
     path = tmp_path / "x_train_000000.bin"
     data.write_shard(path, np.arange(100))
     corrupt(path, how)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as refused:
         data.read_shard(path)
+    assert "delete" not in str(refused.value)               # the advice destroys nothing
     with pytest.raises(ValueError, match=message):
         data.ShardLoader(tmp_path, 1, 4)
+
+
+def test_a_file_without_the_magic_is_headerless_tokens_unless_a_header_is_required(tmp_path):
+    path = tmp_path / "x_train_000000.bin"
+    data.write_shard(path, np.arange(100))
+    corrupt(path, "magic")
+    np.testing.assert_array_equal(data.read_shard(path), np.fromfile(path, "<u2"))
+    assert data.shard_length(path, headerless=True) == (1024 + 200) // 2
+    with pytest.raises(ValueError, match=r"x_train_000000.bin has no llm.c shard header \(its "
+                                         r"first int32 is not 20240520\), which is required here"):
+        data.shard_length(path)                             # as a download must be
+    path.write_bytes(path.read_bytes() + b"\0")             # an odd size is no uint16 tokens
+    with pytest.raises(ValueError, match=r"is neither an llm.c shard \(its first int32 is not "
+                                         r"20240520\) nor headerless uint16 tokens \(its size, "
+                                         r"1225 bytes, is odd\); make it again"):
+        data.read_shard(path)
+
+
+def nanogpt_folder(folder, tokens):
+    """train.bin and val.bin as nanoGPT's prepare scripts write them: bare uint16, no header."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", tokens[:len(tokens) * 9 // 10]),
+                        ("val", tokens[len(tokens) * 9 // 10:])):
+        memmap = np.memmap(folder / f"{split}.bin", dtype=np.uint16, mode="w+", shape=part.shape)
+        memmap[:] = part
+        memmap.flush()
+
+
+def test_nanogpt_bins_are_read_as_they_are_and_checked_as_a_dataset(tmp_path, capsys):
+    tokens = np.random.default_rng(0).integers(0, 1000, size=5000)
+    tokens[3] = 50000                                       # the largest id, among the first 512
+    nanogpt_folder(tmp_path, tokens)
+    np.testing.assert_array_equal(data.read_shard(tmp_path / "train.bin"), tokens[:4500])
+    x, y = data.ShardLoader(tmp_path, 4, 16).next_batch()
+    assert torch.equal(x.flatten(), torch.from_numpy(tokens[:64])) and y[-1, -1] == tokens[64]
+    val = torch.cat([x.flatten() for x, _ in data.val_batches(tmp_path, 448, 4, 16)])
+    assert torch.equal(val, torch.from_numpy(tokens[4500:4948]))
+    store.main(["check", str(tmp_path)])                    # no manifest: one is written
+    assert "had no manifest" in capsys.readouterr().out
+    files = store.read_manifest(tmp_path)["files"]
+    assert files["train.bin"]["max_token"] == 50000 and files["val.bin"]["bytes"] == 1000
+    store.check_vocab(tmp_path, 50001)
+    with pytest.raises(ValueError, match="train.bin holds token id 50000"):
+        store.check_vocab(tmp_path, 50000)
 
 
 @pytest.mark.parametrize("how, message", CORRUPTIONS)
@@ -102,16 +147,17 @@ def test_check_of_an_empty_folder_fails_and_leaves_it_empty(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_missing_data_names_the_command(tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match=r"no train shards \(\*train\*.bin\) in .*; "
-                                                r"prepare them with `python prepare.py fineweb"):
+def test_missing_data_says_what_to_put_there(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"no train shards \(\*train\*.bin\) in .*; put "
+                                                r"the split's token files there, llm.c shards "
+                                                r"or headerless uint16$"):
         data.ShardLoader(tmp_path, 2, 8)
     monkeypatch.chdir(tmp_path)                             # a typo, or another current folder
     with pytest.raises(FileNotFoundError) as missing:
         data.ShardLoader("tests/assets/paradise.txt", 2, 8)
     assert str(missing.value) == (f"no train shards: tests/assets/paradise.txt does not exist (a "
                                   f"relative path starts in {tmp_path}); check the path")
-    with pytest.raises(SystemExit, match="python prepare.py text FILES"):
+    with pytest.raises(SystemExit, match=r"^store.py bench: error: no train shards"):
         store.main(["bench", "--data", str(tmp_path)])
 
 
@@ -224,10 +270,11 @@ def test_a_pipe_or_a_folder_given_as_text_is_named_as_such(tmp_path, make, kind)
         prepare.main(["text", str(odd), "--out", str(tmp_path / "out")])
 
 
-def test_data_py_run_as_a_command_says_where_the_commands_went(tmp_path):
+def test_data_py_run_as_a_command_says_it_has_none(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "data.py"), "check", str(tmp_path)],
                           capture_output=True, text=True)
-    assert done.returncode == 1 and "python store.py check DIR" in done.stderr
+    assert done.returncode == 1 and done.stderr == ("data.py is a library module with no "
+                                                    "commands; import it\n")
 
 
 # ----------------------------------------------------------------------------- loader
@@ -551,7 +598,7 @@ def test_corrupt_download_is_rejected_and_leaves_no_file(server, tmp_path):
     url, _ = server
     ShardServer.files["fineweb_val_000000.bin"] = b"\x07" * 3000
     out = tmp_path / "fw"
-    with pytest.raises(ValueError, match="is corrupt and was deleted .*magic number"):
+    with pytest.raises(ValueError, match="is corrupt and was deleted .*has no llm.c shard header"):
         prepare.fetch_fineweb(out, train_shards=1, base_url=url)
     assert not list(out.iterdir())
 
