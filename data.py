@@ -10,8 +10,9 @@ A split is the sorted `*train*.bin` (or `*val*.bin`) files of a folder, each rea
 
 `ShardLoader` cuts a split into (B, T) batches x and y = x shifted by one token, in order or at
 random (every window start of the split equally likely), from a position of ints
-(`state_dict`): a resumed run reads exactly the windows the uninterrupted one would have.
-Imports nothing of its project (torch and numpy only).
+(`state_dict`): a resumed run reads exactly the windows the uninterrupted one would have,
+however a step's rows are split into ranks and micro-batches. Imports nothing of its project
+(torch and numpy only).
 """
 from pathlib import Path
 
@@ -101,48 +102,54 @@ def shard_paths(data_dir, split):
 class ShardLoader:
     """Batches (x, y) of int64 CPU tensors (B, T) from a split's shards, memory-mapped.
 
-    sequential: rank r reads the block tokens[p + r·B·T : p + r·B·T + B·T + 1] of the shard, p
-    the step's global position (W ranks read what one process with W·B rows would); row b is
-    the (T+1)-token window at b·T, x = window[:-1], y = window[1:]; then p ← p + W·B·T. When
-    the next W·B·T + 1 tokens do not fit, the loader moves to the next shard at p = 0 (the
-    tail is skipped), after the last back to the first (epoch + 1).
+    Rows are numbered globally: a step of S = step_rows rows (default W·B) is S / (W·B) micro-
+    batches, rank r's k-th holding rows g = k·W·B + r·B + b, b < B. Row g's window w (T + 1
+    tokens; x = w[:-1], y = w[1:]) depends on g alone, so every split of a step's rows into
+    micro-batches, ranks and B reads the same windows, and has the same state_dict.
 
-    random: batch k of rank r draws, from numpy's generator seeded with (seed, r, k), one
-    shard with probability ∝ its n − T window starts (uniform over equal shards, as the
-    paper's code draws them) and B starts i uniform in [0, n − T − 1]; row b is
-    tokens[i_b : i_b + T + 1]. Windows may overlap and repeat (drawn with replacement)."""
+    sequential: row g of a step starting at position p reads the window at p + (g mod S)·T; the
+    next step starts at p + S·T. A step whose S·T + 1 tokens do not fit starts the next shard at
+    p = 0 (the tail is skipped), after the last the first (epoch + 1).
+
+    random: row g draws, from numpy's generator seeded with (seed, g), one of the split's
+    Σ (n − T) window starts uniformly: its shard with probability ∝ n − T, its start uniform in
+    [0, n − T − 1]. The paper's code draws one shard per micro-batch (uniformly: its shards are
+    of one size) and all that micro-batch's starts in it; here each row draws its own shard.
+    Windows may overlap and repeat."""
 
     def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train",
-                 order="sequential", seed=0):
-        if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"batch_size and seq_len must be ≥ 1, got {batch_size} and {seq_len}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+                 order="sequential", seed=0, step_rows=None):
+        B, T, W, S = batch_size, seq_len, world_size, step_rows or world_size * batch_size
+        if B < 1 or T < 1:
+            raise ValueError(f"batch_size and seq_len must be ≥ 1, got {B} and {T}")
+        if not 0 <= rank < W:
+            raise ValueError(f"rank must lie in [0, world_size={W}), got {rank}")
+        if S % (W * B):
+            raise ValueError(f"step_rows={S} must be a multiple of world_size × batch_size = "
+                             f"{W * B}, the rows of one micro-batch on all ranks")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        self.B, self.T, self.rank, self.world_size = batch_size, seq_len, rank, world_size
+        self.B, self.T, self.rank, self.world_size, self.step_rows = B, T, rank, W, S
         self.order, self.seed = order, seed
         self.paths = shard_paths(data_dir, split)
         self.lengths = [shard_length(p, headerless=True) for p in self.paths]
-        B, T, W = batch_size, seq_len, world_size
-        need, what = (W * B * T + 1, f"one step reads ({W} ranks × {B} sequences × {T} tokens "
-                                     f"+ 1)") if order == "sequential" else \
-            (T + 1, f"one sequence reads ({T} tokens + 1)")
+        need, what = (S * T + 1, f"one step reads ({S} sequences × {T} tokens + 1)") if \
+            order == "sequential" else (T + 1, f"one sequence reads ({T} tokens + 1)")
         for path, n in zip(self.paths, self.lengths):
             if n < need:
                 raise ValueError(f"{path} holds {n} tokens, fewer than the {need} {what}; use "
                                  f"fewer or shorter sequences, or more data")
-        starts = np.array(self.lengths) - T
-        self.shard_odds = starts / starts.sum()
+        counts = np.array(self.lengths) - T  # window starts per shard, numbered shard by shard:
+        self.first_window, self.windows = np.cumsum(counts) - counts, int(counts.sum())
         self.load_state_dict({"shard": 0, "position": 0, "epoch": 0} if order == "sequential"
-                             else {"batches": 0})
+                             else {"rows": 0})
 
     def next_batch(self):
         return self._next_in_order() if self.order == "sequential" else self._next_at_random()
 
     def _next_in_order(self):
-        B, T, W = self.B, self.T, self.world_size
-        if self.position + W * B * T + 1 > self.lengths[self.shard]:
+        B, T, W, S = self.B, self.T, self.world_size, self.step_rows
+        if self.position % (S * T) == 0 and self.position + S * T + 1 > self.lengths[self.shard]:
             self.shard += 1
             if self.shard == len(self.paths):
                 self.shard, self.epoch = 0, self.epoch + 1
@@ -154,31 +161,41 @@ class ShardLoader:
         return window[:-1].view(B, T), window[1:].view(B, T)
 
     def _next_at_random(self):
-        rng = np.random.default_rng([self.seed, self.rank, self.batches])
-        shard = rng.choice(len(self.paths), p=self.shard_odds)
-        starts = rng.integers(0, self.lengths[shard] - self.T, size=self.B)
-        tokens, index = read_shard(self.paths[shard]), starts[:, None] + np.arange(self.T)
-        self.batches += 1
-        return tuple(torch.from_numpy(tokens[index + k].astype(np.int64)) for k in (0, 1))
+        first = self.rows + self.rank * self.B
+        draws = np.array([np.random.default_rng([self.seed, g]).integers(self.windows)
+                          for g in range(first, first + self.B)])
+        shards = np.searchsorted(self.first_window, draws, side="right") - 1
+        tokens = {s: read_shard(self.paths[s]) for s in set(shards.tolist())}
+        batch = torch.from_numpy(np.stack([tokens[s][i:i + self.T + 1].astype(np.int64) for s, i
+                                           in zip(shards, draws - self.first_window[shards])]))
+        self.rows += self.world_size * self.B
+        return batch[:, :-1], batch[:, 1:]
 
     def state_dict(self):
-        """Where the next batch comes from, in ints the same on every rank: sequential
-        {shard, position, epoch}; random {batches} (each rank has drawn that many)."""
+        """Where the next row comes from, the same on every rank and for every split of a step:
+        sequential {shard, position, epoch}; random {rows} (the global rows drawn)."""
         if self.order == "random":
-            return {"batches": self.batches}
+            return {"rows": self.rows}
         return {"shard": self.shard, "position": self.position, "epoch": self.epoch}
 
     def load_state_dict(self, state):
-        if ("batches" in state) != (self.order == "random"):
+        if ("rows" in state or "batches" in state) != (self.order == "random"):
             raise ValueError(f"loader state {state} was written for the other data order, not "
                              f"{self.order}; resume with the order the run was started with")
+        if "batches" in state:  # (seed, rank, batch) seeded the draw, so it hung on the split
+            raise ValueError("this run's random windows were drawn by an older data.py and "
+                             "cannot be continued exactly; start a new run")
         if self.order == "random":
-            self.batches = int(state["batches"])
+            self.rows = int(state["rows"])
             return
         shard, position = int(state["shard"]), int(state["position"])
-        if not (0 <= shard < len(self.paths) and 0 <= position <= self.lengths[shard]):
+        step = self.step_rows * self.T  # mid-step: S or T changed, or an old data.py's state
+        if not (0 <= shard < len(self.paths) and 0 <= position <= self.lengths[shard]
+                and position % step == 0):
             raise ValueError(f"loader state {state} does not fit the {len(self.paths)} shard(s) "
-                             f"of {self.paths[0].parent}; were shards added or removed?")
+                             f"of {self.paths[0].parent} in steps of {self.step_rows} × {self.T} "
+                             f"tokens; resume with the data, batch size and sequence length "
+                             f"the run was saved with")
         self.shard, self.position, self.epoch = shard, position, int(state.get("epoch", 0))
         self.tokens = read_shard(self.paths[shard])
 

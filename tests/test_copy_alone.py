@@ -93,9 +93,11 @@ CASES = [
     lambda: data.ShardLoader("empty", 2, 8),
     lambda: data.ShardLoader("ok", 0, 8),
     lambda: data.ShardLoader("ok", 2, 8, rank=2, world_size=2),
+    lambda: data.ShardLoader("ok", 2, 8, world_size=2, step_rows=6),
     lambda: data.ShardLoader("ok", 2, 8, order="shuffled"),
     lambda: data.ShardLoader("short", 2, 8),
     lambda: data.ShardLoader("ok", 2, 8).load_state_dict(loader.state_dict()),
+    lambda: loader.load_state_dict({"batches": 3}),
     lambda: data.ShardLoader("ok", 2, 8).load_state_dict({"shard": 3, "position": 0}),
     lambda: data.val_batches("ok", 10**6, 2, 8),
 ]

@@ -314,35 +314,42 @@ def test_resume_continues_with_the_exact_next_batch(tmp_path):
 def test_shard_shorter_than_one_step_is_refused(tmp_path):
     make_shards(tmp_path, "train", [100])
     with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 129 one step reads "
-                                         r"\(2 ranks × 4 sequences × 16 tokens \+ 1\)"):
-        data.ShardLoader(tmp_path, 4, 16, world_size=2)
-    assert 2 * 4 * 16 + 1 == 129                            # the sentence's formula, its number
+                                         r"\(8 sequences × 16 tokens \+ 1\)"):
+        data.ShardLoader(tmp_path, 4, 16, world_size=2)     # 2 ranks × 4 rows
+    assert 8 * 16 + 1 == 129                                # the sentence's formula, its number
+    with pytest.raises(ValueError, match=r"fewer than the 129 one step reads \(16 sequences × 8"):
+        data.ShardLoader(tmp_path, 4, 8, step_rows=16)      # a step of 4 micro-batches
+    with pytest.raises(ValueError, match=r"step_rows=12 must be a multiple of world_size × "
+                                         r"batch_size = 8"):
+        data.ShardLoader(tmp_path, 4, 4, world_size=2, step_rows=12)
     with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 101 one sequence "
                                          r"reads \(100 tokens \+ 1\)"):
         data.ShardLoader(tmp_path, 4, 100, order="random")
 
 
-def random_batches(folder, n, **kw):
-    loader = data.ShardLoader(folder, 3, 8, order="random", **kw)
+def random_batches(folder, n, batch_size=3, **kw):
+    loader = data.ShardLoader(folder, batch_size, 8, order="random", **kw)
     return [loader.next_batch() for _ in range(n)]
 
 
-def test_random_order_draws_windows_of_a_random_shard_by_seed_and_rank(tmp_path):
+def test_random_rows_draw_windows_by_seed_and_global_row_shards_in_proportion(tmp_path):
     make_shards(tmp_path, "train", [3000, 1000])            # tokens = stream positions
     batches = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
-    shards = []
+    firsts = torch.cat([x[:, 0] for x, _ in batches])
     for x, y in batches:
         assert torch.equal(y, x + 1) and torch.equal(x[:, 1:], x[:, :-1] + 1)  # whole windows
-        first = x[:, 0]
-        assert ((first < 3000 - 8) | (first >= 3000)).all()  # none crosses a shard's end
-        assert len(set((first >= 3000).tolist())) == 1       # one shard a batch
-        shards.append(int(first[0] >= 3000))
-    share = sum(shards) / len(shards)                       # ∝ window starts: 992 / 3984
-    assert abs(share - 992 / 3984) < 4 * (0.25 * 0.75 / 400) ** 0.5
+    assert ((firsts < 3000 - 8) | (firsts >= 3000)).all()   # none crosses a shard's end
+    share = (firsts >= 3000).double().mean().item()         # ∝ window starts: 992 / 3984
+    assert abs(share - 992 / 3984) < 4 * (0.25 * 0.75 / len(firsts)) ** 0.5
+    assert any(len(set((x[:, 0] >= 3000).tolist())) == 2 for x, _ in batches)  # a row, a shard
     same = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, same))
-    for other in (dict(seed=6, rank=1, world_size=2), dict(seed=5, rank=0, world_size=2)):
-        assert not torch.equal(random_batches(tmp_path, 1, **other)[0][0], batches[0][0])
+    assert not torch.equal(random_batches(tmp_path, 1, seed=6, rank=1, world_size=2)[0][0],
+                           batches[0][0])
+    rank0, whole = (random_batches(tmp_path, 2, seed=5, **kw) for kw in
+                    (dict(rank=0, world_size=2), dict(batch_size=6)))  # one rank, twice the rows
+    for k in range(2):                                      # global rows k·6 + r·3 + b
+        assert torch.equal(whole[k][0], torch.cat([rank0[k][0], batches[k][0]]))
 
 
 def test_random_order_resumes_bit_for_bit(tmp_path):
@@ -352,7 +359,7 @@ def test_random_order_resumes_bit_for_bit(tmp_path):
     for _ in range(11):
         killed.next_batch()
     state = killed.state_dict()
-    assert state == {"batches": 11}
+    assert state == {"rows": 11 * 2 * 3}                    # global rows, the same on each rank
     resumed = data.ShardLoader(tmp_path, 3, 8, rank=1, world_size=2, order="random", seed=2)
     resumed.load_state_dict(state)
     for x, y in uninterrupted[11:]:
@@ -362,6 +369,56 @@ def test_random_order_resumes_bit_for_bit(tmp_path):
         data.ShardLoader(tmp_path, 3, 8).load_state_dict(state)
     with pytest.raises(ValueError, match="written for the other data order, not random"):
         resumed.load_state_dict({"shard": 0, "position": 0, "epoch": 0})
+    with pytest.raises(ValueError) as older:                # (seed, rank, batch) drew those
+        resumed.load_state_dict({"batches": 11})
+    assert str(older.value) == ("this run's random windows were drawn by an older data.py and "
+                                "cannot be continued exactly; start a new run")
+
+
+SPLITS = [(1, 16, 1), (1, 8, 2), (2, 8, 1), (4, 2, 2)]       # ranks × rows × micro-batches = 16
+
+
+def split_loaders(folder, order, ranks, rows, state=None):
+    loaders = [data.ShardLoader(folder, rows, 4, r, ranks, order=order, seed=3, step_rows=16)
+               for r in range(ranks)]
+    for loader in loaders if state else ():
+        loader.load_state_dict(state)
+    return loaders
+
+
+def step_windows(loaders, micro_batches):
+    """The sorted windows (x row and its last target) one optimizer step reads on all ranks."""
+    batches = [loader.next_batch() for _ in range(micro_batches) for loader in loaders]
+    return sorted(tuple(row) for x, y in batches for row in torch.cat([x, y[:, -1:]], 1).tolist())
+
+
+@pytest.mark.parametrize("order", data.ORDERS)
+def test_a_steps_windows_and_the_loader_state_do_not_depend_on_how_its_rows_are_split(
+        tmp_path, order):
+    make_shards(tmp_path, "train", [3 * 64 + 40, 300])      # a step reads 16 × 4 + 1 tokens
+    reference = None
+    for ranks, rows, micro in SPLITS:
+        loaders = split_loaders(tmp_path, order, ranks, rows)
+        steps = [step_windows(loaders, micro) for _ in range(9)]
+        assert len({str(loader.state_dict()) for loader in loaders}) == 1
+        reference = reference or steps
+        assert steps == reference, (ranks, rows, micro)
+    if order == "sequential":                               # shard 0 holds 3 steps, shard 1 4
+        assert [reference[k][0][0] for k in (2, 3, 7)] == [128, 232, 0]
+    for (ranks, rows, micro), (ranks2, rows2, micro2) in zip(SPLITS, SPLITS[1:] + SPLITS[:1]):
+        loaders = split_loaders(tmp_path, order, ranks, rows)
+        for _ in range(4):                                  # past shard 0, in order
+            step_windows(loaders, micro)
+        resumed = split_loaders(tmp_path, order, ranks2, rows2, loaders[0].state_dict())
+        assert [step_windows(resumed, micro2) for _ in range(5)] == reference[4:]
+
+
+def test_a_sequential_state_inside_a_step_is_refused(tmp_path):
+    make_shards(tmp_path, "train", [500])
+    with pytest.raises(ValueError, match=r"does not fit the 1 shard\(s\) of .* in steps of 16 × "
+                                         r"4 tokens; resume with the data, batch size and "
+                                         r"sequence length the run was saved with$"):
+        split_loaders(tmp_path, "sequential", 1, 8, {"shard": 0, "position": 32, "epoch": 0})
 
 
 def test_val_batches_are_deterministic_and_split_across_ranks(tmp_path):
