@@ -51,10 +51,8 @@ def shard_length(path, headerless=False):
         if headerless and size % 2 == 0:
             return size // 2
         problem = (f"is neither an llm.c shard (its first int32 is not {MAGIC}) nor headerless "
-                   f"uint16 tokens (its size, {size} bytes, is odd)")
-        if not headerless:
-            problem, fix = (f"has no llm.c shard header (its first int32 is not {MAGIC}), which "
-                            f"is required here"), "give an llm.c shard"
+                   f"uint16 tokens (its size, {size} bytes, is odd)") if headerless else \
+            f"has no llm.c shard header (its first int32 is not {MAGIC})"
     elif size < HEADER_BYTES:
         problem = f"is truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header"
     elif header[1] != VERSION:
@@ -79,8 +77,7 @@ def read_shard(path):
 
 
 def shard_paths(data_dir, split):
-    """The sorted shards `DIR/*{split}*.bin`; FileNotFoundError when there are none,
-    ValueError when one of those names is not a file."""
+    """The sorted `DIR/*{split}*.bin`: FileNotFoundError if none, ValueError if one is no file."""
     data_dir = Path(data_dir)
     if not data_dir.exists():
         raise FileNotFoundError(f"no {split} shards: {data_dir} does not exist (a relative "
@@ -105,7 +102,7 @@ class ShardLoader:
     Rows are numbered globally: a step of S = step_rows rows (default W·B) is S / (W·B) micro-
     batches, rank r's k-th holding rows g = k·W·B + r·B + b, b < B. Row g's window w (T + 1
     tokens; x = w[:-1], y = w[1:]) depends on g alone, so every split of a step's rows into
-    micro-batches, ranks and B reads the same windows, and has the same state_dict.
+    micro-batches, ranks and B reads the same windows, and between steps has one state_dict.
 
     sequential: row g of a step starting at position p reads the window at p + (g mod S)·T; the
     next step starts at p + S·T. A step whose S·T + 1 tokens do not fit starts the next shard at
@@ -113,9 +110,9 @@ class ShardLoader:
 
     random: row g draws, from numpy's generator seeded with (seed, g), one of the split's
     Σ (n − T) window starts uniformly: its shard with probability ∝ n − T, its start uniform in
-    [0, n − T − 1]. The paper's code draws one shard per micro-batch (uniformly: its shards are
-    of one size) and all that micro-batch's starts in it; here each row draws its own shard.
-    Windows may overlap and repeat."""
+    [0, n − T − 1]. The paper's code draws a shard per micro-batch, uniformly (the same odds for
+    shards of one size), and all the micro-batch's starts in it; here each row draws its own
+    shard. Windows may overlap and repeat."""
 
     def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train",
                  order="sequential", seed=0, step_rows=None):
@@ -130,8 +127,7 @@ class ShardLoader:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         self.B, self.T, self.rank, self.world_size, self.step_rows = B, T, rank, W, S
-        self.order, self.seed = order, seed
-        self.paths = shard_paths(data_dir, split)
+        self.order, self.seed, self.paths = order, seed, shard_paths(data_dir, split)
         self.lengths = [shard_length(p, headerless=True) for p in self.paths]
         need, what = (S * T + 1, f"one step reads ({S} sequences × {T} tokens + 1)") if \
             order == "sequential" else (T + 1, f"one sequence reads ({T} tokens + 1)")
@@ -172,8 +168,8 @@ class ShardLoader:
         return batch[:, :-1], batch[:, 1:]
 
     def state_dict(self):
-        """Where the next row comes from, the same on every rank and for every split of a step:
-        sequential {shard, position, epoch}; random {rows} (the global rows drawn)."""
+        """Where the next row comes from, equal on every rank and, between steps, for every
+        split: sequential {shard, position, epoch}; random {rows} (the global rows drawn)."""
         if self.order == "random":
             return {"rows": self.rows}
         return {"shard": self.shard, "position": self.position, "epoch": self.epoch}
@@ -189,7 +185,7 @@ class ShardLoader:
             self.rows = int(state["rows"])
             return
         shard, position = int(state["shard"]), int(state["position"])
-        step = self.step_rows * self.T  # mid-step: S or T changed, or an old data.py's state
+        step = self.step_rows * self.T  # mid-step: another S or T (or an older data.py)
         if not (0 <= shard < len(self.paths) and 0 <= position <= self.lengths[shard]
                 and position % step == 0):
             raise ValueError(f"loader state {state} does not fit the {len(self.paths)} shard(s) "
@@ -206,22 +202,27 @@ def max_token(path):
     return int(tokens.max()) if tokens.size else -1
 
 
+def val_steps_held(data_dir, batch_size, seq_len, world_size=1):
+    """The evaluation steps of W·B·T tokens the val split holds, Σ ⌊(n − 1) / (W·B·T)⌋ over its
+    shards; ValueError if a shard holds fewer than the W·B·T + 1 tokens of one (0 included)."""
+    loader = ShardLoader(data_dir, batch_size, seq_len, world_size=world_size, split="val")
+    return sum((n - 1) // (world_size * batch_size * seq_len) for n in loader.lengths)
+
+
 def val_batches(data_dir, eval_tokens, batch_size, seq_len, rank=0, world_size=1):
     """The first ⌊eval_tokens / (W·B·T)⌋ steps of the val split, read in order.
 
-    Every rank gets the same number of batches and together they cover each evaluated token
-    once, so the mean of the ranks' mean losses is the mean over those tokens. Runs on W and
-    W′ ranks evaluate the same tokens, hence the same loss up to rounding, when eval_tokens
-    is a multiple of both W·B·T and W′·B·T and those tokens lie in the first val shard (the
-    tail a shard skips, (n − 1) mod W·B·T, depends on W)."""
-    loader = ShardLoader(data_dir, batch_size, seq_len, rank, world_size, split="val")
+    Every rank gets the same number of batches, together covering each evaluated token once, so
+    the mean of the ranks' mean losses is the mean over those tokens. Runs on W and W′ ranks
+    evaluate the same tokens (the same loss up to rounding) when eval_tokens is a multiple of
+    W·B·T and W′·B·T and they lie in the first val shard (its skipped tail depends on W)."""
     step = world_size * batch_size * seq_len
-    steps = eval_tokens // step
-    available = sum((n - 1) // step for n in loader.lengths)
-    if not 1 <= steps <= available:
+    available = val_steps_held(data_dir, batch_size, seq_len, world_size)
+    if not 1 <= (steps := eval_tokens // step) <= available:
         raise ValueError(f"eval_tokens={eval_tokens} must cover between 1 and {available} steps "
                          f"of {step} tokens ({world_size} ranks × {batch_size} sequences × "
                          f"{seq_len} tokens) of {data_dir}'s val split; change eval_tokens")
+    loader = ShardLoader(data_dir, batch_size, seq_len, rank, world_size, split="val")
     return (loader.next_batch() for _ in range(steps))
 
 

@@ -73,9 +73,10 @@ def cut(raw):
 def odd(raw):
     raw[0:4] = b"odd!!"                                     # no magic, and an odd size
 
-for folder in ("empty", "ok", "short", "dir_shard"):
+for folder in ("empty", "ok", "short", "zero_val", "dir_shard"):
     os.makedirs(folder)
 shard("ok/a_train.bin", 500), shard("ok/a_val.bin", 200), shard("short/a_train.bin", 10)
+shard("zero_val/a_train.bin", 500), shard("zero_val/a_val.bin", 0)
 os.makedirs("dir_shard/x_train.bin")
 loader = data.ShardLoader("ok", 2, 8, order="random")
 CASES = [
@@ -100,6 +101,7 @@ CASES = [
     lambda: loader.load_state_dict({"batches": 3}),
     lambda: data.ShardLoader("ok", 2, 8).load_state_dict({"shard": 3, "position": 0}),
     lambda: data.val_batches("ok", 10**6, 2, 8),
+    lambda: data.val_steps_held("zero_val", 2, 8),
 ]
 found = []
 for case in CASES:

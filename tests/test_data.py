@@ -93,7 +93,7 @@ def test_a_file_without_the_magic_is_headerless_tokens_unless_a_header_is_requir
     np.testing.assert_array_equal(data.read_shard(path), np.fromfile(path, "<u2"))
     assert data.shard_length(path, headerless=True) == (1024 + 200) // 2
     with pytest.raises(ValueError, match=r"x_train_000000.bin has no llm.c shard header \(its "
-                                         r"first int32 is not 20240520\), which is required here"):
+                                         r"first int32 is not 20240520\); make it again"):
         data.shard_length(path)                             # as a download must be
     path.write_bytes(path.read_bytes() + b"\0")             # an odd size is no uint16 tokens
     with pytest.raises(ValueError, match=r"is neither an llm.c shard \(its first int32 is not "
@@ -436,6 +436,17 @@ def test_val_batches_are_deterministic_and_split_across_ranks(tmp_path):
         assert torch.equal(union, torch.arange(len(union)))  # the first tokens of the split
     with pytest.raises(ValueError, match="eval_tokens=99999"):
         data.val_batches(tmp_path, 99999, B, T)
+
+
+def test_val_steps_held_counts_whole_steps_and_refuses_a_shard_too_short_for_one(tmp_path):
+    make_shards(tmp_path, "val", [1000, 700])
+    assert data.val_steps_held(tmp_path, 2, 16, world_size=2) == 999 // 64 + 699 // 64
+    assert data.val_steps_held(tmp_path, 2, 16) == 999 // 32 + 699 // 32
+    for n in (0, 64):                                       # empty, and one token short
+        make_shards(tmp_path / str(n), "val", [1000, n])
+        with pytest.raises(ValueError, match=rf"t_val_000001.bin holds {n} tokens, fewer than "
+                                             rf"the 65 one step reads \(4 sequences × 16 tokens"):
+            data.val_steps_held(tmp_path / str(n), 2, 16, world_size=2)
 
 
 def test_check_vocab_reads_shards_only_where_the_manifest_does_not_record_their_largest_id(
