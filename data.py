@@ -41,9 +41,8 @@ def write_shard(path, tokens):
 
 
 def shard_length(path, headerless=False):
-    """Validate a shard against its file size and return its token count n. By default the
-    file must be an llm.c shard (as a download must); headerless=True also reads a file without
-    the magic as bare uint16 tokens, n = size / 2 (the module docstring's two layouts)."""
+    """Validate a shard and return its token count n: an llm.c shard, or with headerless=True
+    also bare uint16 tokens without the magic (n = size / 2; a download must have the header)."""
     path, fix = Path(path), "make it again with the tool that wrote it"  # unless said below
     size, header = path.stat().st_size, np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     n = int(header[2]) if header.size > 2 else -1
@@ -68,12 +67,16 @@ def shard_length(path, headerless=False):
     raise ValueError(f"{path} {problem}; {fix}")
 
 
+def token_offset(path):
+    """The byte where a shard's tokens begin: 1024 in an llm.c shard, 0 in headerless tokens."""
+    return Path(path).stat().st_size - 2 * shard_length(path, headerless=True)
+
+
 def read_shard(path):
     """The tokens of a validated shard of either layout as a read-only uint16 memory map."""
     if not (n := shard_length(path, headerless=True)):
         return np.zeros(0, dtype=np.uint16)  # memmap cannot map zero bytes
-    offset = Path(path).stat().st_size - 2 * n  # the header's 1024 bytes, or none
-    return np.memmap(path, dtype="<u2", mode="r", offset=offset, shape=(n,))
+    return np.memmap(path, dtype="<u2", mode="r", offset=token_offset(path), shape=(n,))
 
 
 def shard_paths(data_dir, split):
@@ -110,9 +113,8 @@ class ShardLoader:
 
     random: row g draws, from numpy's generator seeded with (seed, g), one of the split's
     Σ (n − T) window starts uniformly: its shard with probability ∝ n − T, its start uniform in
-    [0, n − T − 1]. The paper's code draws a shard per micro-batch, uniformly (the same odds for
-    shards of one size), and all the micro-batch's starts in it; here each row draws its own
-    shard. Windows may overlap and repeat."""
+    [0, n − T − 1]; windows may overlap and repeat. The paper's code draws a shard per micro-
+    batch, uniformly (the same odds for shards of one size), and all its starts in it."""
 
     def __init__(self, data_dir, batch_size, seq_len, rank=0, world_size=1, split="train",
                  order="sequential", seed=0, step_rows=None):
@@ -137,8 +139,8 @@ class ShardLoader:
                                  f"fewer or shorter sequences, or more data")
         counts = np.array(self.lengths) - T  # window starts per shard, numbered shard by shard:
         self.first_window, self.windows = np.cumsum(counts) - counts, int(counts.sum())
-        self.load_state_dict({"shard": 0, "position": 0, "epoch": 0} if order == "sequential"
-                             else {"rows": 0})
+        self.offsets = np.array([token_offset(p) for p in self.paths])
+        self.load_state_dict({"rows": 0} if order == "random" else {"shard": 0, "position": 0})
 
     def next_batch(self):
         return self._next_in_order() if self.order == "sequential" else self._next_at_random()
@@ -146,10 +148,8 @@ class ShardLoader:
     def _next_in_order(self):
         B, T, W, S = self.B, self.T, self.world_size, self.step_rows
         if self.position % (S * T) == 0 and self.position + S * T + 1 > self.lengths[self.shard]:
-            self.shard += 1
-            if self.shard == len(self.paths):
-                self.shard, self.epoch = 0, self.epoch + 1
-            self.position = 0
+            self.shard, self.position = (self.shard + 1) % len(self.paths), 0
+            self.epoch += self.shard == 0                       # back at the first shard
             self.tokens = read_shard(self.paths[self.shard])
         start = self.position + self.rank * B * T
         window = torch.from_numpy(self.tokens[start:start + B * T + 1].astype(np.int64))
@@ -161,18 +161,17 @@ class ShardLoader:
         draws = np.array([np.random.default_rng([self.seed, g]).integers(self.windows)
                           for g in range(first, first + self.B)])
         shards = np.searchsorted(self.first_window, draws, side="right") - 1
-        tokens = {s: read_shard(self.paths[s]) for s in set(shards.tolist())}
-        batch = torch.from_numpy(np.stack([tokens[s][i:i + self.T + 1].astype(np.int64) for s, i
-                                           in zip(shards, draws - self.first_window[shards])]))
+        starts = self.offsets[shards] + 2 * (draws - self.first_window[shards])  # in bytes
+        batch = torch.from_numpy(np.stack([np.fromfile(self.paths[s], "<u2", self.T + 1, offset=b)
+                                           for s, b in zip(shards, starts)]).astype(np.int64))
         self.rows += self.world_size * self.B
         return batch[:, :-1], batch[:, 1:]
 
     def state_dict(self):
         """Where the next row comes from, equal on every rank and, between steps, for every
         split: sequential {shard, position, epoch}; random {rows} (the global rows drawn)."""
-        if self.order == "random":
-            return {"rows": self.rows}
-        return {"shard": self.shard, "position": self.position, "epoch": self.epoch}
+        return {"rows": self.rows} if self.order == "random" else \
+            {"shard": self.shard, "position": self.position, "epoch": self.epoch}
 
     def load_state_dict(self, state):
         if ("rows" in state or "batches" in state) != (self.order == "random"):

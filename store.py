@@ -104,8 +104,7 @@ def _complete(name, entry):
 def file_entry(path, shard=None):
     """{bytes, sha256} from one read of the file, and for a shard (a .bin unless told) max_token."""
     shard = shard or str(path).endswith(".bin")
-    header = Path(path).stat().st_size - 2 * data.shard_length(path, headerless=True) \
-        if shard else 0                               # 1024 bytes, or 0 for bare uint16
+    header = data.token_offset(path) if shard else 0
     digest, top, size = hashlib.sha256(), -1, 0
     with open(path, "rb") as f:
         while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
