@@ -11,8 +11,8 @@ A split is the sorted `*train*.bin` (or `*val*.bin`) files of a folder, each rea
 `ShardLoader` cuts a split into (B, T) batches x and y = x shifted by one token, in order or at
 random (every window start of the split equally likely), from a position of ints
 (`state_dict`): a resumed run reads exactly the windows the uninterrupted one would have,
-however a step's rows are split into ranks and micro-batches. Imports nothing of its project
-(torch and numpy only).
+however the rows of a step (`step_rows`) are split into ranks and micro-batches. Imports
+nothing of its project (torch and numpy only).
 """
 from pathlib import Path
 
@@ -100,7 +100,7 @@ def shard_paths(data_dir, split):
 
 # ----------------------------------------------------------------------------- loading
 class ShardLoader:
-    """Batches (x, y) of int64 CPU tensors (B, T) from a split's shards, memory-mapped.
+    """Batches (x, y) of int64 CPU tensors (B, T) from a split's shards, never read whole.
 
     Rows are numbered globally: a step of S = step_rows rows (default W·B) is S / (W·B) micro-
     batches, rank r's k-th holding rows g = k·W·B + r·B + b, b < B. Row g's window w (T + 1
@@ -123,9 +123,9 @@ class ShardLoader:
             raise ValueError(f"batch_size and seq_len must be ≥ 1, got {B} and {T}")
         if not 0 <= rank < W:
             raise ValueError(f"rank must lie in [0, world_size={W}), got {rank}")
-        if S % (W * B):
-            raise ValueError(f"step_rows={S} must be a multiple of world_size × batch_size = "
-                             f"{W * B}, the rows of one micro-batch on all ranks")
+        if S < 1 or S % (W * B):
+            raise ValueError(f"step_rows={S} must be a positive multiple of world_size × "
+                             f"batch_size = {W * B}, the rows of one micro-batch on all ranks")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         self.B, self.T, self.rank, self.world_size, self.step_rows = B, T, rank, W, S

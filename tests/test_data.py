@@ -319,9 +319,10 @@ def test_shard_shorter_than_one_step_is_refused(tmp_path):
     assert 8 * 16 + 1 == 129                                # the sentence's formula, its number
     with pytest.raises(ValueError, match=r"fewer than the 129 one step reads \(16 sequences × 8"):
         data.ShardLoader(tmp_path, 4, 8, step_rows=16)      # a step of 4 micro-batches
-    with pytest.raises(ValueError, match=r"step_rows=12 must be a multiple of world_size × "
-                                         r"batch_size = 8"):
-        data.ShardLoader(tmp_path, 4, 4, world_size=2, step_rows=12)
+    for rows in (12, -8):
+        with pytest.raises(ValueError, match=rf"step_rows={rows} must be a positive multiple of "
+                                             rf"world_size × batch_size = 8"):
+            data.ShardLoader(tmp_path, 4, 4, world_size=2, step_rows=rows)
     with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 101 one sequence "
                                          r"reads \(100 tokens \+ 1\)"):
         data.ShardLoader(tmp_path, 4, 100, order="random")
