@@ -1,5 +1,6 @@
 """heads.py and data.py each work copied alone into another project (DESIGN.md's promise): they
-import nothing of it, read the files its users have, and their messages name none of its files."""
+import nothing of it; data.py reads the files its users have, and its messages name no file of
+this project but data.py itself."""
 import json
 import os
 import re

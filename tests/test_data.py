@@ -342,7 +342,7 @@ def test_random_rows_draw_windows_by_seed_and_global_row_shards_in_proportion(tm
     assert ((firsts < 3000 - 8) | (firsts >= 3000)).all()   # none crosses a shard's end
     share = (firsts >= 3000).double().mean().item()         # ∝ window starts: 992 / 3984
     assert abs(share - 992 / 3984) < 4 * (0.25 * 0.75 / len(firsts)) ** 0.5
-    assert any(len(set((x[:, 0] >= 3000).tolist())) == 2 for x, _ in batches)  # a row, a shard
+    assert any(len(set((x[:, 0] >= 3000).tolist())) == 2 for x, _ in batches)  # shard per row
     same = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, same))
     assert not torch.equal(random_batches(tmp_path, 1, seed=6, rank=1, world_size=2)[0][0],
