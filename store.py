@@ -41,7 +41,7 @@ def check_dataset(folder, hash_bytes=HASH_ALWAYS_BYTES):
                              f"`python store.py check {folder}` as one who may write it") from None
     shards = data.shard_paths(folder, "train") + data.shard_paths(folder, "val")
     for path in shards:
-        data.shard_length(path)
+        data.shard_length(path, headerless=True)  # nanoGPT's bare uint16 files are a dataset too
     manifest = read_manifest(folder)
     files = {p.name: {"bytes": p.stat().st_size, "sha256": None} for p in shards}
     if manifest is not None:
@@ -110,16 +110,18 @@ def _complete(name, entry):
 
 def file_entry(path, shard=None):
     """{bytes, sha256} from one read of the file, and for a shard (a .bin unless told) max_token."""
+    shard = shard or str(path).endswith(".bin")
+    header = data.token_offset(path) if shard else 0
     digest, top, size = hashlib.sha256(), -1, 0
     with open(path, "rb") as f:
         while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
             digest.update(block)
-            tokens = block[max(0, data.HEADER_BYTES - size):]
+            tokens = block[max(0, header - size):]
             if len(tokens) > 1:                       # an odd last byte is no token
                 top = max(top, int(np.frombuffer(tokens[:len(tokens) // 2 * 2], "<u2").max()))
             size += len(block)
     entry = {"bytes": size, "sha256": digest.hexdigest()}
-    return {**entry, "max_token": top} if shard or str(path).endswith(".bin") else entry
+    return {**entry, "max_token": top} if shard else entry
 
 
 def shard_files(folder):

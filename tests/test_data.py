@@ -66,7 +66,7 @@ def corrupt(path, how):
 
 
 CORRUPTIONS = [
-    ("magic", "magic number is 12345"), ("version", "version 7"),
+    ("version", "version 7"),
     ("truncated", "is truncated: its header announces 100 tokens"),
     ("header", "shorter than the 1024-byte header"), ("extra", "longer than its header says"),
     ("byte", "longer than its header says"), ("more", "truncated: its header announces 101"),
@@ -79,10 +79,55 @@ def test_header_validation_catches_each_corruption(tmp_path, how, message):
     path = tmp_path / "x_train_000000.bin"
     data.write_shard(path, np.arange(100))
     corrupt(path, how)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as refused:
         data.read_shard(path)
+    assert "delete" not in str(refused.value)               # the advice destroys nothing
     with pytest.raises(ValueError, match=message):
         data.ShardLoader(tmp_path, 1, 4)
+
+
+def test_a_file_without_the_magic_is_headerless_tokens_unless_a_header_is_required(tmp_path):
+    path = tmp_path / "x_train_000000.bin"
+    data.write_shard(path, np.arange(100))
+    corrupt(path, "magic")
+    np.testing.assert_array_equal(data.read_shard(path), np.fromfile(path, "<u2"))
+    assert data.shard_length(path, headerless=True) == (1024 + 200) // 2
+    with pytest.raises(ValueError, match=r"x_train_000000.bin has no llm.c shard header \(its "
+                                         r"first int32 is not 20240520\); make it again"):
+        data.shard_length(path)                             # as a download must be
+    path.write_bytes(path.read_bytes() + b"\0")             # an odd size is no uint16 tokens
+    with pytest.raises(ValueError, match=r"is neither an llm.c shard \(its first int32 is not "
+                                         r"20240520\) nor headerless uint16 tokens \(its size, "
+                                         r"1225 bytes, is odd\); make it again"):
+        data.read_shard(path)
+
+
+def nanogpt_folder(folder, tokens):
+    """train.bin and val.bin as nanoGPT's prepare scripts write them: bare uint16, no header."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", tokens[:len(tokens) * 9 // 10]),
+                        ("val", tokens[len(tokens) * 9 // 10:])):
+        memmap = np.memmap(folder / f"{split}.bin", dtype=np.uint16, mode="w+", shape=part.shape)
+        memmap[:] = part
+        memmap.flush()
+
+
+def test_nanogpt_bins_are_read_as_they_are_and_checked_as_a_dataset(tmp_path, capsys):
+    tokens = np.random.default_rng(0).integers(0, 1000, size=5000)
+    tokens[3] = 50000                                       # the largest id, among the first 512
+    nanogpt_folder(tmp_path, tokens)
+    np.testing.assert_array_equal(data.read_shard(tmp_path / "train.bin"), tokens[:4500])
+    x, y = data.ShardLoader(tmp_path, 4, 16).next_batch()
+    assert torch.equal(x.flatten(), torch.from_numpy(tokens[:64])) and y[-1, -1] == tokens[64]
+    val = torch.cat([x.flatten() for x, _ in data.val_batches(tmp_path, 448, 4, 16)])
+    assert torch.equal(val, torch.from_numpy(tokens[4500:4948]))
+    store.main(["check", str(tmp_path)])                    # no manifest: one is written
+    assert "had no manifest" in capsys.readouterr().out
+    files = store.read_manifest(tmp_path)["files"]
+    assert files["train.bin"]["max_token"] == 50000 and files["val.bin"]["bytes"] == 1000
+    store.check_vocab(tmp_path, 50001)
+    with pytest.raises(ValueError, match="train.bin holds token id 50000"):
+        store.check_vocab(tmp_path, 50000)
 
 
 @pytest.mark.parametrize("how, message", CORRUPTIONS)
@@ -102,16 +147,17 @@ def test_check_of_an_empty_folder_fails_and_leaves_it_empty(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_missing_data_names_the_command(tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match=r"no train shards \(\*train\*.bin\) in .*; "
-                                                r"prepare them with `python prepare.py fineweb"):
+def test_missing_data_says_what_to_put_there(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"no train shards \(\*train\*.bin\) in .*; put "
+                                                r"the split's token files there, llm.c shards "
+                                                r"or headerless uint16$"):
         data.ShardLoader(tmp_path, 2, 8)
     monkeypatch.chdir(tmp_path)                             # a typo, or another current folder
     with pytest.raises(FileNotFoundError) as missing:
         data.ShardLoader("tests/assets/paradise.txt", 2, 8)
     assert str(missing.value) == (f"no train shards: tests/assets/paradise.txt does not exist (a "
                                   f"relative path starts in {tmp_path}); check the path")
-    with pytest.raises(SystemExit, match="python prepare.py text FILES"):
+    with pytest.raises(SystemExit, match=r"^store.py bench: error: no train shards"):
         store.main(["bench", "--data", str(tmp_path)])
 
 
@@ -224,10 +270,11 @@ def test_a_pipe_or_a_folder_given_as_text_is_named_as_such(tmp_path, make, kind)
         prepare.main(["text", str(odd), "--out", str(tmp_path / "out")])
 
 
-def test_data_py_run_as_a_command_says_where_the_commands_went(tmp_path):
+def test_data_py_run_as_a_command_says_it_has_none(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "data.py"), "check", str(tmp_path)],
                           capture_output=True, text=True)
-    assert done.returncode == 1 and "python store.py check DIR" in done.stderr
+    assert done.returncode == 1 and done.stderr == ("data.py is a library module with no "
+                                                    "commands; import it\n")
 
 
 # ----------------------------------------------------------------------------- loader
@@ -267,35 +314,43 @@ def test_resume_continues_with_the_exact_next_batch(tmp_path):
 def test_shard_shorter_than_one_step_is_refused(tmp_path):
     make_shards(tmp_path, "train", [100])
     with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 129 one step reads "
-                                         r"\(2 ranks × 4 sequences × 16 tokens \+ 1\)"):
-        data.ShardLoader(tmp_path, 4, 16, world_size=2)
-    assert 2 * 4 * 16 + 1 == 129                            # the sentence's formula, its number
+                                         r"\(8 sequences × 16 tokens \+ 1\)"):
+        data.ShardLoader(tmp_path, 4, 16, world_size=2)     # 2 ranks × 4 rows
+    assert 8 * 16 + 1 == 129                                # the sentence's formula, its number
+    with pytest.raises(ValueError, match=r"fewer than the 129 one step reads \(16 sequences × 8"):
+        data.ShardLoader(tmp_path, 4, 8, step_rows=16)      # a step of 4 micro-batches
+    for rows in (12, -8):
+        with pytest.raises(ValueError, match=rf"step_rows={rows} must be a positive multiple of "
+                                             rf"world_size × batch_size = 8"):
+            data.ShardLoader(tmp_path, 4, 4, world_size=2, step_rows=rows)
     with pytest.raises(ValueError, match=r"holds 100 tokens, fewer than the 101 one sequence "
                                          r"reads \(100 tokens \+ 1\)"):
         data.ShardLoader(tmp_path, 4, 100, order="random")
 
 
-def random_batches(folder, n, **kw):
-    loader = data.ShardLoader(folder, 3, 8, order="random", **kw)
+def random_batches(folder, n, batch_size=3, **kw):
+    loader = data.ShardLoader(folder, batch_size, 8, order="random", **kw)
     return [loader.next_batch() for _ in range(n)]
 
 
-def test_random_order_draws_windows_of_a_random_shard_by_seed_and_rank(tmp_path):
+def test_random_rows_draw_windows_by_seed_and_global_row_shards_in_proportion(tmp_path):
     make_shards(tmp_path, "train", [3000, 1000])            # tokens = stream positions
     batches = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
-    shards = []
+    firsts = torch.cat([x[:, 0] for x, _ in batches])
     for x, y in batches:
         assert torch.equal(y, x + 1) and torch.equal(x[:, 1:], x[:, :-1] + 1)  # whole windows
-        first = x[:, 0]
-        assert ((first < 3000 - 8) | (first >= 3000)).all()  # none crosses a shard's end
-        assert len(set((first >= 3000).tolist())) == 1       # one shard a batch
-        shards.append(int(first[0] >= 3000))
-    share = sum(shards) / len(shards)                       # ∝ window starts: 992 / 3984
-    assert abs(share - 992 / 3984) < 4 * (0.25 * 0.75 / 400) ** 0.5
+    assert ((firsts < 3000 - 8) | (firsts >= 3000)).all()   # none crosses a shard's end
+    share = (firsts >= 3000).double().mean().item()         # ∝ window starts: 992 / 3984
+    assert abs(share - 992 / 3984) < 4 * (0.25 * 0.75 / len(firsts)) ** 0.5
+    assert any(len(set((x[:, 0] >= 3000).tolist())) == 2 for x, _ in batches)  # shard per row
     same = random_batches(tmp_path, 400, seed=5, rank=1, world_size=2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, same))
-    for other in (dict(seed=6, rank=1, world_size=2), dict(seed=5, rank=0, world_size=2)):
-        assert not torch.equal(random_batches(tmp_path, 1, **other)[0][0], batches[0][0])
+    assert not torch.equal(random_batches(tmp_path, 1, seed=6, rank=1, world_size=2)[0][0],
+                           batches[0][0])
+    rank0, whole = (random_batches(tmp_path, 2, seed=5, **kw) for kw in
+                    (dict(rank=0, world_size=2), dict(batch_size=6)))  # one rank, twice the rows
+    for k in range(2):                                      # global rows k·6 + r·3 + b
+        assert torch.equal(whole[k][0], torch.cat([rank0[k][0], batches[k][0]]))
 
 
 def test_random_order_resumes_bit_for_bit(tmp_path):
@@ -305,7 +360,7 @@ def test_random_order_resumes_bit_for_bit(tmp_path):
     for _ in range(11):
         killed.next_batch()
     state = killed.state_dict()
-    assert state == {"batches": 11}
+    assert state == {"rows": 11 * 2 * 3}                    # global rows, the same on each rank
     resumed = data.ShardLoader(tmp_path, 3, 8, rank=1, world_size=2, order="random", seed=2)
     resumed.load_state_dict(state)
     for x, y in uninterrupted[11:]:
@@ -315,6 +370,56 @@ def test_random_order_resumes_bit_for_bit(tmp_path):
         data.ShardLoader(tmp_path, 3, 8).load_state_dict(state)
     with pytest.raises(ValueError, match="written for the other data order, not random"):
         resumed.load_state_dict({"shard": 0, "position": 0, "epoch": 0})
+    with pytest.raises(ValueError) as older:                # (seed, rank, batch) drew those
+        resumed.load_state_dict({"batches": 11})
+    assert str(older.value) == ("this run's random windows were drawn by an older data.py and "
+                                "cannot be continued exactly; start a new run")
+
+
+SPLITS = [(1, 16, 1), (1, 8, 2), (2, 8, 1), (4, 2, 2)]       # ranks × rows × micro-batches = 16
+
+
+def split_loaders(folder, order, ranks, rows, state=None):
+    loaders = [data.ShardLoader(folder, rows, 4, r, ranks, order=order, seed=3, step_rows=16)
+               for r in range(ranks)]
+    for loader in loaders if state else ():
+        loader.load_state_dict(state)
+    return loaders
+
+
+def step_windows(loaders, micro_batches):
+    """The sorted windows (x row and its last target) one optimizer step reads on all ranks."""
+    batches = [loader.next_batch() for _ in range(micro_batches) for loader in loaders]
+    return sorted(tuple(row) for x, y in batches for row in torch.cat([x, y[:, -1:]], 1).tolist())
+
+
+@pytest.mark.parametrize("order", data.ORDERS)
+def test_a_steps_windows_and_the_loader_state_do_not_depend_on_how_its_rows_are_split(
+        tmp_path, order):
+    make_shards(tmp_path, "train", [3 * 64 + 40, 300])      # a step reads 16 × 4 + 1 tokens
+    reference = None
+    for ranks, rows, micro in SPLITS:
+        loaders = split_loaders(tmp_path, order, ranks, rows)
+        steps = [step_windows(loaders, micro) for _ in range(9)]
+        assert len({str(loader.state_dict()) for loader in loaders}) == 1
+        reference = reference or steps
+        assert steps == reference, (ranks, rows, micro)
+    if order == "sequential":                               # shard 0 holds 3 steps, shard 1 4
+        assert [reference[k][0][0] for k in (2, 3, 7)] == [128, 232, 0]
+    for (ranks, rows, micro), (ranks2, rows2, micro2) in zip(SPLITS, SPLITS[1:] + SPLITS[:1]):
+        loaders = split_loaders(tmp_path, order, ranks, rows)
+        for _ in range(4):                                  # past shard 0, in order
+            step_windows(loaders, micro)
+        resumed = split_loaders(tmp_path, order, ranks2, rows2, loaders[0].state_dict())
+        assert [step_windows(resumed, micro2) for _ in range(5)] == reference[4:]
+
+
+def test_a_sequential_state_inside_a_step_is_refused(tmp_path):
+    make_shards(tmp_path, "train", [500])
+    with pytest.raises(ValueError, match=r"does not fit the 1 shard\(s\) of .* in steps of 16 × "
+                                         r"4 tokens; resume with the data, batch size and "
+                                         r"sequence length the run was saved with$"):
+        split_loaders(tmp_path, "sequential", 1, 8, {"shard": 0, "position": 32, "epoch": 0})
 
 
 def test_val_batches_are_deterministic_and_split_across_ranks(tmp_path):
@@ -332,6 +437,17 @@ def test_val_batches_are_deterministic_and_split_across_ranks(tmp_path):
         assert torch.equal(union, torch.arange(len(union)))  # the first tokens of the split
     with pytest.raises(ValueError, match="eval_tokens=99999"):
         data.val_batches(tmp_path, 99999, B, T)
+
+
+def test_val_steps_held_counts_whole_steps_and_refuses_a_shard_too_short_for_one(tmp_path):
+    make_shards(tmp_path, "val", [1000, 700])
+    assert data.val_steps_held(tmp_path, 2, 16, world_size=2) == 999 // 64 + 699 // 64
+    assert data.val_steps_held(tmp_path, 2, 16) == 999 // 32 + 699 // 32
+    for n in (0, 64):                                       # empty, and one token short
+        make_shards(tmp_path / str(n), "val", [1000, n])
+        with pytest.raises(ValueError, match=rf"t_val_000001.bin holds {n} tokens, fewer than "
+                                             rf"the 65 one step reads \(4 sequences × 16 tokens"):
+            data.val_steps_held(tmp_path / str(n), 2, 16, world_size=2)
 
 
 def test_check_vocab_reads_shards_only_where_the_manifest_does_not_record_their_largest_id(
@@ -551,7 +667,7 @@ def test_corrupt_download_is_rejected_and_leaves_no_file(server, tmp_path):
     url, _ = server
     ShardServer.files["fineweb_val_000000.bin"] = b"\x07" * 3000
     out = tmp_path / "fw"
-    with pytest.raises(ValueError, match="is corrupt and was deleted .*magic number"):
+    with pytest.raises(ValueError, match="is corrupt and was deleted .*has no llm.c shard header"):
         prepare.fetch_fineweb(out, train_shards=1, base_url=url)
     assert not list(out.iterdir())
 
