@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
       f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
     a("--data_order", default="sequential", choices=data.ORDERS, help="sequential: each token "
-      "once per epoch; random: the paper's, random windows of a random shard per batch, by --seed")
+      "once per epoch; random: as the paper, each row a random window of the split, by --seed")
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")

@@ -190,6 +190,9 @@ def make_ready(args) -> str:
         store.check_dataset(args.data)
         store.check_vocab(args.data, args.vocab_size)
         return ""
+    except FileNotFoundError as err:  # data.py's sentence, then this project's way to make shards
+        return (f"{err}; or make a dataset with `python prepare.py fineweb --shards 8 --out DIR` "
+                f"(GPT-2 FineWeb) or `python prepare.py text FILES --out DIR` (your own text)")
     except (RuntimeError, OSError, ValueError) as err:
         return str(err)
 
@@ -341,14 +344,15 @@ def restore(path: Path, config: dict, model: GPT, optimizer, loader, device):
     refuse_other_settings(path, ckpt["config"], config)
     try:
         load_weights(model, ckpt["model"], path, "delete it to start afresh")
+    except ValueError as err:
+        fail(str(err))
+    try:
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(ckpt["loader"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
-    except ValueError as err:  # load_weights' sentence
-        fail(str(err))
-    except (KeyError, TypeError, RuntimeError) as err:
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
         refuse(f"cannot continue this run ({err})")
     # AdamW takes moments of any shape, and its first step would then fail deep inside.
     for number, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
