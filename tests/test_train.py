@@ -357,6 +357,19 @@ def test_an_error_of_rank_0_alone_under_torchrun_is_the_last_thing_train_py_says
     assert f'File "{ROOT}' not in done.stderr and "ChildFailedError" in done.stderr
 
 
+@pytest.mark.parametrize("val_tokens", [0, 64])
+def test_a_val_shard_too_short_for_one_evaluation_step_is_one_sentence_at_setup(
+        markov_data, tmp_path, capsys, val_tokens):
+    """An empty val shard used to end in a traceback at the first evaluation."""
+    folder, out = tmp_path / "shards", tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(data.shard_paths(markov_data, "train")[0], folder / "x_train_000000.bin")
+    data.write_shard(folder / "x_val_000000.bin", [1] * val_tokens)  # one step reads 2 × 32 + 1
+    message = error_of(tiny(folder, out), capsys)
+    assert f"x_val_000000.bin holds {val_tokens} tokens, fewer than the 65" in message
+    assert "\n" not in message and not (out / "log.jsonl").exists()
+
+
 def test_a_failed_run_leaves_no_folder_holding_only_its_lock(tmp_path, capsys):
     out = tmp_path / "run"
     assert "no train shards" in error_of(tiny(tmp_path / "missing", out), capsys)
