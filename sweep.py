@@ -320,8 +320,8 @@ def launch_local(commands, out, slots):
 SBATCH_TEMPLATE = """#!/bin/bash
 # train.py runs as a SLURM job array (written by sweep.py): task i runs line i (0-based) of
 # RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torch.distributed.run per node with the Python that ran
-# sweep.py. One node: --standalone, a rendezvous of its own. More: c10d on the first node (this
-# script's), on a port free there now, under this task's own job id.
+# sweep.py, meeting --standalone on one node (a rendezvous of its own), else via c10d on the
+# first node (this script's) on a port free there as the task starts, under the task's job id.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
@@ -336,7 +336,7 @@ RDZV=(--standalone)
 if [ "$SLURM_JOB_NUM_NODES" != 1 ]; then
     # no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
     NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    PORT=$({python} -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+    PORT=$({python} -c 'import socket; print(socket.create_server(("", 0)).getsockname()[1])')
     RDZV=(--nnodes="$SLURM_JOB_NUM_NODES" --rdzv_backend=c10d --rdzv_id="$SLURM_JOB_ID"
           --rdzv_endpoint="${{NODES%%$'\\n'*}}:$PORT")
 fi
@@ -345,30 +345,24 @@ srun --ntasks-per-node=1 {python} -m torch.distributed.run "${{RDZV[@]}}" \\
 """
 
 
-def sbatch_options(options):
-    """{key: value} of --sbatch's KEY=VALUE options (a bare KEY: None)."""
-    return {key: value if sep else None for key, sep, value in (o.partition("=") for o in options)}
-
-
 def partition_has_gpus(partition):
-    """Whether sinfo lists GPU GRES on the nodes of partition (None: the default partition)."""
-    if not shutil.which("sinfo"):
-        return False
-    listed = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True, text=True).stdout
+    """Whether sinfo lists GPU GRES on a node of partition (None: the default; no sinfo: no)."""
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True,
+                            text=True).stdout if shutil.which("sinfo") else ""
     return any("gpu" in gres for name, _, gres in (row.partition(" ") for row in listed.split("\n"))
                if (name.rstrip("*") in partition.split(",") if partition else name.endswith("*")))
 
 
 def sbatch_lines(args, log_dir):
-    """The #SBATCH lines after the fixed ones, values quoted as sbatch unquotes them: GPUs (as
-    many as --nproc_per_node) where the partition has them and --sbatch asks for none itself."""
-    asked = sbatch_options(args.sbatch)
-    options = {"output": str(log_dir / "%A_%a.out"),
-               "chdir": str(Path.cwd())}  # where relative paths among the options were meant
+    """#SBATCH lines of the task's output, the working folder (where relative paths among the
+    options were meant) and --sbatch, quoted as sbatch unquotes them; GPUs, --nproc_per_node per
+    node, where the partition has them and --sbatch names none."""
+    asked = dict(option.partition("=")[::2] for option in args.sbatch)  # a bare KEY: ""
+    options = {"output": str(log_dir / "%A_%a.out"), "chdir": str(Path.cwd())}
     if not any(key == "gres" or key.startswith("gpu") for key in asked) and partition_has_gpus(
             asked.get("partition")):
         options["gpus-per-node"] = str(args.nproc_per_node)
-    return "".join(f"#SBATCH --{key}" + ("" if value is None else f"={shlex.quote(value)}") + "\n"
+    return "".join(f"#SBATCH --{key}{value and '=' + shlex.quote(value)}\n"
                    for key, value in {**options, **asked}.items())
 
 
@@ -382,25 +376,24 @@ def write_slurm(runs, args, extra_args):
                        *run.train_args(), *extra_args]) + "\n" for run in runs))
     store.write_atomic(script, SBATCH_TEMPLATE.format(
         array=f"0-{len(runs) - 1}" + (f"%{args.array_limit}" if args.array_limit else ""),
-        nodes=args.nodes, nproc=args.nproc_per_node, sbatch_lines=sbatch_lines(args, slurm_dir / "logs"),
-        run_list=shlex.quote(str(run_list)), python=shlex.quote(sys.executable),
+        nodes=args.nodes, nproc=args.nproc_per_node, run_list=shlex.quote(str(run_list)),
+        sbatch_lines=sbatch_lines(args, slurm_dir / "logs"), python=shlex.quote(sys.executable),
         train_py=shlex.quote(str(TRAIN_PY))))
     return script
 
 
 def submit(script):
-    """The job id of script queued by sbatch, which first checks it (--test-only) against the
-    cluster: a request it can never satisfy (more nodes than a partition has) is refused at once."""
+    """sbatch's job id for script, which it first checks (--test-only) against the cluster: a job
+    it refuses or can never run (more nodes than a partition has) ends in one sentence."""
     for check in ("--test-only", "--parsable"):
         done = subprocess.run(["sbatch", check, str(script)], capture_output=True, text=True)
-        if done.returncode:
-            reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ")
-                               for line in done.stderr.splitlines() if line.strip()
-                               and not line.startswith("Try "))  # "Try sbatch --help"
+        reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ") for line in
+                           done.stderr.splitlines() if line.strip() and not line.startswith("Try "))
+        if done.returncode:  # (its "Try sbatch --help" dropped above)
             raise ValueError(f"sbatch refused the job ({reason or f'exit {done.returncode}'}), so "
                              f"nothing was submitted; change --sbatch, --nodes or --nproc_per_node"
                              f" to what the cluster offers (sinfo lists its partitions)")
-    return done.stdout.strip().split(";")[0]  # --parsable prints JOBID[;CLUSTER]
+    return done.stdout.split(";")[0].strip()  # --parsable prints JOBID[;CLUSTER]
 
 
 def cmd_run(args, extra_args):

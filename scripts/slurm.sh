@@ -5,8 +5,7 @@
 #   bash scripts/slurm.sh stop    # end only the daemons `start` started
 # `start` installs munge, slurmctld, slurmd and slurm-client where they are missing, writes
 # /etc/slurm/slurm.conf for this host unless another's is there (one CPU partition, `cpu`, no
-# GRES),
-# starts whichever of munged, slurmctld and slurmd is not running, and waits for the node.
+# GRES), starts whichever of munged, slurmctld and slurmd is not running and waits for the node.
 set -euo pipefail
 STATE=/run/oec-slurm                          # the names of the daemons `start` started
 CONF=/etc/slurm/slurm.conf
@@ -64,11 +63,11 @@ start_daemon() {  # NAME COMMAND...: start it unless it runs, and remember that 
 }
 
 start() {
-    if answers && [ ! -f "$STATE/started" ]; then
+    if answers && { [ ! -f "$STATE/started" ] || [ "$(id -u)" != 0 ]; }; then
         echo "slurm.sh: a SLURM controller already answers; nothing started"; return
-    fi
-    [ "$(id -u)" = 0 ] || die "start needs root (it installs packages and starts daemons);" \
-        "run it as root"
+    fi  # else (root, this script's own cluster) the steps below restart only a daemon that died
+    [ "$(id -u)" = 0 ] || die "start needs root (it installs packages and starts daemons); run" \
+        "it as root"
     install_packages
     write_config
     mkdir -p "$STATE" /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
@@ -87,6 +86,7 @@ start() {
 
 stop() {
     [ -f "$STATE/started" ] || { echo "slurm.sh: nothing started by this script runs"; return; }
+    [ "$(id -u)" = 0 ] || die "stop needs root (root started the daemons); run it as root"
     for name in slurmd slurmctld munged; do  # the reverse order of start
         if grep -qx "$name" "$STATE/started" && running "$name"; then
             pid=$(cat "${PIDFILE[$name]}")

@@ -29,10 +29,10 @@ TIMES = ("train_time_s", "measure_time_s", "tok_per_s", "mfu")  # what may diffe
 def slurm_unavailable():
     """Why there is no SLURM here to test against, or None where a controller answers."""
     if not shutil.which("sbatch"):
-        cannot = "this is not root" if os.geteuid() else None if shutil.which("apt-get") else \
-            "there is no apt-get"
-        return "SLURM is not installed (no sbatch) " + (
-            f"and scripts/slurm.sh cannot install it: {cannot}" if cannot else
+        cannot = ("this is not root" if os.geteuid() else
+                  None if shutil.which("apt-get") else "there is no apt-get")
+        return "SLURM is not installed (no sbatch)" + (
+            f" and scripts/slurm.sh cannot install it: {cannot}" if cannot else
             "; `bash scripts/slurm.sh start` installs and starts one")
     ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
     if " is UP" not in ping.stdout:
@@ -40,7 +40,8 @@ def slurm_unavailable():
     return None
 
 
-pytestmark = pytest.mark.skipif(bool(slurm_unavailable()), reason=str(slurm_unavailable()))
+UNAVAILABLE = slurm_unavailable()
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
 
 def readme_commands():

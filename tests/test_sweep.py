@@ -809,10 +809,12 @@ def test_slurm_script_is_an_array_of_one_launcher_per_run(tmp_path, monkeypatch,
         else:  # c10d on the first node, on a port free there when the task began
             assert rendezvous[:3] == ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_id=9"]
             assert re.fullmatch(r"--rdzv_endpoint=node-a:\d+", rendezvous[3])
-    # no GPUs where the partition has none, or where --sbatch names them itself
+    # no GPUs where the partition has none, or where --sbatch names them itself; a bare KEY
     for partition, gpus in (("cpu", []), ("gpu", ["gres=gpu:a100:4"])):
-        assert sweep.main(argv[:-7] + ["--sbatch", f"partition={partition}", *gpus]) == 0
+        assert sweep.main(argv[:-7] + ["--sbatch", f"partition={partition}", *gpus,
+                                       "exclusive", "comment=a b"]) == 0
         newest = max((out / "slurm").glob("sweep_*.sbatch"))  # STAMP: the time it was written
+        assert "#SBATCH --exclusive\n#SBATCH --comment='a b'\n" in newest.read_text()
         asked = {line for line in newest.read_text().splitlines() if "gpu" in line}
         assert asked == {f"#SBATCH --{option}" for option in gpus} | (
             {"#SBATCH --partition=gpu"} if partition == "gpu" else set())
