@@ -1,8 +1,8 @@
 """sweep.py --launcher slurm against a real SLURM (slurmctld, slurmd and munge on this machine, as
 `bash scripts/slurm.sh start` brings them up; .ci/run does): README's SLURM lines run as written
-(with fewer steps), a job cancelled mid-run and the same command again, every run equal to a local
-run of the same settings; every refusal of the scheduler in one sentence with its reason.
-Skipped, with the reason, where no SLURM controller answers."""
+(with fewer, smaller steps), a job cancelled mid-run and the same command again, every run equal
+to a local run of the same settings; every refusal of the scheduler in one sentence with its
+reason. Skipped, with the reason, where that one-node cluster does not answer."""
 import json
 import os
 import re
@@ -27,7 +27,7 @@ TIMES = ("train_time_s", "measure_time_s", "tok_per_s", "mfu")  # what may diffe
 
 
 def slurm_unavailable():
-    """Why there is no SLURM here to test against, or None where a controller answers."""
+    """Why there is no SLURM here to test against, or None where scripts/slurm.sh's answers."""
     if not shutil.which("sbatch"):
         cannot = ("this is not root" if os.geteuid() else
                   None if shutil.which("apt-get") else "there is no apt-get")
@@ -36,7 +36,12 @@ def slurm_unavailable():
             "; `bash scripts/slurm.sh start` installs and starts one")
     ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
     if " is UP" not in ping.stdout:
-        return "no SLURM controller answers `scontrol ping`; `bash scripts/slurm.sh start` starts one"
+        return ("no SLURM controller answers `scontrol ping`; `bash scripts/slurm.sh start` "
+                "starts one")
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    if not re.search(r"^ClusterName\s*=\s*oec$", config, flags=re.M):
+        return ("the SLURM that answers is not scripts/slurm.sh's one-node cluster (ClusterName "
+                "oec), and these tests queue jobs")
     return None
 
 
@@ -112,7 +117,8 @@ def test_the_readme_lines_run_on_slurm_resume_after_scancel_and_equal_local_runs
     names = [run.name for run in sweep.expand_grid("custom", sizes=["tiny"], lrs=[1e-2],
                                                    heads=["baseline", "mu_center"])]
     cancelled = out / names[0]
-    jobs = [job_id(sweep_py(line + ["--heads", head], capsys)) for head in ("baseline", "mu_center")]
+    jobs = [job_id(sweep_py(line + ["--heads", head], capsys))
+            for head in ("baseline", "mu_center")]
     assert all(job in sh(squeue).stdout for job in jobs)
     script = next((out / "slurm").glob("sweep_*.sbatch")).read_text()
     assert "#SBATCH --partition=cpu\n" in script and "gpus" not in script  # the cluster has none
