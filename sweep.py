@@ -387,9 +387,10 @@ def submit(script):
     it refuses or can never run (more nodes than a partition has) ends in one sentence."""
     for check in ("--test-only", "--parsable"):
         done = subprocess.run(["sbatch", check, str(script)], capture_output=True, text=True)
+        # sbatch's own words, less the "Try sbatch --help" after an option it does not know
         reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ") for line in
                            done.stderr.splitlines() if line.strip() and not line.startswith("Try "))
-        if done.returncode:  # (its "Try sbatch --help" dropped above)
+        if done.returncode:
             raise ValueError(f"sbatch refused the job ({reason or f'exit {done.returncode}'}), so "
                              f"nothing was submitted; change --sbatch, --nodes or --nproc_per_node"
                              f" to what the cluster offers (sinfo lists its partitions)")
@@ -425,7 +426,7 @@ def cmd_run(args, extra_args):
                              f"SLURM login node run: sbatch {script}")
         else:
             print(f"sweep: submitted job {submit(script)}; its tasks write to "
-                  f"{script.parent / 'logs'}; the same command again resumes what ends early")
+                  f"{script.parent / 'logs'}; run the same command again to resume runs cut short")
     elif todo:
         if not TRAIN_PY.exists():
             raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
