@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node SLURM on this machine, from Debian's packages, for tests/test_slurm.py (.ci/run
 # starts it before the suite) or to try sweep.py's --launcher slurm by hand. As root, no systemd:
-#   bash scripts/slurm.sh start   # install if missing, configure, start; nothing if one answers
+#   bash scripts/slurm.sh start   # install if missing, configure, start what is not running
 #   bash scripts/slurm.sh stop    # end only the daemons `start` started
 # `start` installs munge, slurmctld, slurmd and slurm-client where they are missing, writes
 # /etc/slurm/slurm.conf for this host unless another's is there (one CPU partition, `cpu`, no
