@@ -319,29 +319,51 @@ def launch_local(commands, out, slots):
 
 SBATCH_TEMPLATE = """#!/bin/bash
 # train.py runs as a SLURM job array (written by sweep.py): task i runs line i (0-based) of
-# RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torchrun per node, meeting via c10d on the first node.
+# RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torch.distributed.run per node with the Python that ran
+# sweep.py, meeting --standalone on one node (a rendezvous of its own), else via c10d on the
+# first node (this script's) on a port free there as the task starts, under the task's job id.
 #SBATCH --job-name=oec-sweep
 #SBATCH --array={array}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={nproc}
-#SBATCH --output={log_dir}/%A_%a.out
-#SBATCH --chdir={cwd}
-{extra_sbatch}set -euo pipefail
+{sbatch_lines}set -euo pipefail
 RUN_LIST={run_list}
 eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST"))"
 RUN_DIR="${{RUN[0]}}"
 if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
 RESUME=""; if [ -n "$(ls -A "$RUN_DIR" 2>/dev/null)" ]; then RESUME="--resume"; fi
-# no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
-NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-HEAD_NODE=${{NODES%%$'\\n'*}}
-PORT=$((29500 + SLURM_ARRAY_TASK_ID % 20000))
-srun --ntasks-per-node=1 torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc_per_node={nproc} \\
-    --rdzv_backend=c10d --rdzv_endpoint="$HEAD_NODE:$PORT" \\
-    --rdzv_id="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}" \\
-    {train_py} "${{RUN[@]:1}}" --out_dir "$RUN_DIR" $RESUME
+RDZV=(--standalone)
+if [ "$SLURM_JOB_NUM_NODES" != 1 ]; then
+    # no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
+    NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    PORT=$({python} -c 'import socket; print(socket.create_server(("", 0)).getsockname()[1])')
+    RDZV=(--nnodes="$SLURM_JOB_NUM_NODES" --rdzv_backend=c10d --rdzv_id="$SLURM_JOB_ID"
+          --rdzv_endpoint="${{NODES%%$'\\n'*}}:$PORT")
+fi
+srun --ntasks-per-node=1 {python} -m torch.distributed.run "${{RDZV[@]}}" \\
+    --nproc_per_node={nproc} {train_py} "${{RUN[@]:1}}" --out_dir "$RUN_DIR" $RESUME
 """
+
+
+def partition_has_gpus(partition):
+    """Whether sinfo lists GPU GRES on a node of partition (None: the default; no sinfo: no)."""
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True,
+                            text=True).stdout if shutil.which("sinfo") else ""
+    return any("gpu" in gres for name, _, gres in (row.partition(" ") for row in listed.split("\n"))
+               if (name.rstrip("*") in partition.split(",") if partition else name.endswith("*")))
+
+
+def sbatch_lines(args, log_dir):
+    """#SBATCH lines of the task's output, the working folder (where relative paths among the
+    options were meant) and --sbatch, quoted as sbatch unquotes them; GPUs, --nproc_per_node per
+    node, where the partition has them and --sbatch names none."""
+    asked = dict(option.partition("=")[::2] for option in args.sbatch)  # a bare KEY: ""
+    options = {"output": str(log_dir / "%A_%a.out"), "chdir": str(Path.cwd())}
+    if not any(key == "gres" or key.startswith("gpu") for key in asked) and partition_has_gpus(
+            asked.get("partition")):
+        options["gpus-per-node"] = str(args.nproc_per_node)
+    return "".join(f"#SBATCH --{key}{value and '=' + shlex.quote(value)}\n"
+                   for key, value in {**options, **asked}.items())
 
 
 def write_slurm(runs, args, extra_args):
@@ -354,11 +376,25 @@ def write_slurm(runs, args, extra_args):
                        *run.train_args(), *extra_args]) + "\n" for run in runs))
     store.write_atomic(script, SBATCH_TEMPLATE.format(
         array=f"0-{len(runs) - 1}" + (f"%{args.array_limit}" if args.array_limit else ""),
-        nodes=args.nodes, nproc=args.nproc_per_node, log_dir=slurm_dir / "logs",
-        cwd=Path.cwd(),  # where relative paths among the options (--data ...) were meant
-        extra_sbatch="".join(f"#SBATCH --{option}\n" for option in args.sbatch),
-        run_list=shlex.quote(str(run_list)), train_py=shlex.quote(str(TRAIN_PY))))
+        nodes=args.nodes, nproc=args.nproc_per_node, run_list=shlex.quote(str(run_list)),
+        sbatch_lines=sbatch_lines(args, slurm_dir / "logs"), python=shlex.quote(sys.executable),
+        train_py=shlex.quote(str(TRAIN_PY))))
     return script
+
+
+def submit(script):
+    """sbatch's job id for script, which it first checks (--test-only) against the cluster: a job
+    it refuses or can never run (more nodes than a partition has) ends in one sentence."""
+    for check in ("--test-only", "--parsable"):
+        done = subprocess.run(["sbatch", check, str(script)], capture_output=True, text=True)
+        # sbatch's own words, less the "Try sbatch --help" after an option it does not know
+        reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ") for line in
+                           done.stderr.splitlines() if line.strip() and not line.startswith("Try "))
+        if done.returncode:
+            raise ValueError(f"sbatch refused the job ({reason or f'exit {done.returncode}'}), so "
+                             f"nothing was submitted; change --sbatch, --nodes or --nproc_per_node"
+                             f" to what the cluster offers (sinfo lists its partitions)")
+    return done.stdout.split(";")[0].strip()  # --parsable prints JOBID[;CLUSTER]
 
 
 def cmd_run(args, extra_args):
@@ -389,7 +425,8 @@ def cmd_run(args, extra_args):
             raise SystemExit(f"sbatch was not found on PATH, so nothing was submitted; on a "
                              f"SLURM login node run: sbatch {script}")
         else:
-            subprocess.run([shutil.which("sbatch"), str(script)], check=True)
+            print(f"sweep: submitted job {submit(script)}; its tasks write to "
+                  f"{script.parent / 'logs'}; run the same command again to resume runs cut short")
     elif todo:
         if not TRAIN_PY.exists():
             raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")

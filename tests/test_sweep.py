@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -750,26 +751,32 @@ def test_every_distinct_value_gets_its_own_folder(tmp_path, capsys):
 
 # ---- SLURM ------------------------------------------------------------------------------------
 
-def fake_slurm_bin(folder):
-    """srun, scontrol and torchrun stand-ins: torchrun writes its arguments, one per line."""
+def fake_slurm_bin(folder, sinfo="cpu* (null)"):
+    """Stand-ins: srun writes its arguments, one per line; sinfo lists partitions and their GRES;
+    sbatch checks (--test-only) and queues job 42, or refuses a partition named nosuch."""
     folder.mkdir()
-    scripts = {"srun": '#!/bin/sh\nshift\nexec "$@"\n',  # drops its --ntasks-per-node=1
+    scripts = {"srun": '#!/bin/sh\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n',
                # a long node list: `| head -n 1` would exit first and scontrol die of SIGPIPE
                "scontrol": "#!/bin/sh\necho node-a\nprintf 'node-%s\\n' $(seq 100000)\n",
-               "torchrun": '#!/bin/sh\nprintf "%s\\n" "$@" > "$TORCHRUN_ARGS"\n'}
+               "sinfo": f"#!/bin/sh\necho '{sinfo}'\n",
+               "sbatch": "#!/bin/sh\nif grep -q partition=nosuch \"$2\"; then echo 'sbatch: error: "
+                         "Batch job submission failed: Invalid partition name specified' >&2; "
+                         "exit 1; fi\n[ \"$1\" = --test-only ] || echo '42;cluster'\n"}
     for name, text in scripts.items():
         (folder / name).write_text(text)
         (folder / name).chmod(0o755)
     return folder
 
 
-def test_slurm_script_is_an_array_of_one_torchrun_per_run(tmp_path, monkeypatch, capsys):
+def test_slurm_script_is_an_array_of_one_launcher_per_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "sweep"
     write_run(out, "16M", "baseline", 1e-3, 3.9, steps=2000, data="my data")  # finished
     argv = ["run", "--grid", "custom", "--sizes", "16M", "29M", "--lrs", "1e-3", "1e-2",
             "--heads", "baseline", "mu_loss", "--lams", "0.1", "--out", str(out),
             "--launcher", "slurm", "--nproc_per_node", "4",
             "--sbatch", "partition=gpu", "time=1-00:00:00", "--steps", "2000", "--data", "my data"]
+    bin_dir = fake_slurm_bin(tmp_path / "bin", sinfo="cpu* (null)\ngpu gpu:4(S:0)")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     assert sweep.main(argv) == 0
     [script] = (out / "slurm").glob("sweep_*.sbatch")
     [run_list] = (out / "slurm").glob("runs_*.txt")
@@ -778,27 +785,49 @@ def test_slurm_script_is_an_array_of_one_torchrun_per_run(tmp_path, monkeypatch,
     assert len(lines) == 7  # 2 sizes × 2 heads × 2 lrs, less the finished one
     assert "#SBATCH --array=0-6\n" in text and "#SBATCH --gpus-per-node=4\n" in text
     assert "#SBATCH --partition=gpu\n" in text and "#SBATCH --time=1-00:00:00\n" in text
-    commands = [line for line in text.splitlines() if not line.startswith("#")]
-    assert len([line for line in commands if "torchrun " in line]) == 1
     assert f"RUN_LIST={run_list}" in text and "--nproc_per_node=4" in text
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert not any("16M_baseline_lr0.001_tie0" in line for line in lines)
-    # run array task 1 with stand-ins for srun/torchrun: it must launch line 1, resuming its ckpt.pt
+    # run array task 1 on one node, then on two: it must launch line 1, resuming its ckpt.pt
     task_dir = Path(lines[1].split()[0])
     task_dir.mkdir()
     (task_dir / "ckpt.pt").write_bytes(b"")
-    bin_dir = fake_slurm_bin(tmp_path / "bin")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1",
-               SLURM_ARRAY_JOB_ID="7", SLURM_JOB_NODELIST="node-[a-b]", SLURM_JOB_NUM_NODES="2",
-               TORCHRUN_ARGS=str(tmp_path / "args"))
-    subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True)
-    args = (tmp_path / "args").read_text().splitlines()
-    assert args[:5] == ["--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d",
-                        "--rdzv_endpoint=node-a:29501", "--rdzv_id=7_1"]
-    assert args[5] == str(sweep.TRAIN_PY)
-    assert args[6:] == ["--size", "16M", "--head", "mu_loss", "--lr", "0.001", "--lam", "0.1",
-                        "--steps", "2000", "--data", "my data", "--out_dir", str(task_dir),
-                        "--resume"]
+    train_args = [str(sweep.TRAIN_PY), "--size", "16M", "--head", "mu_loss", "--lr", "0.001",
+                  "--lam", "0.1", "--steps", "2000", "--data", "my data", "--out_dir",
+                  str(task_dir), "--resume"]
+    launcher = ["--ntasks-per-node=1", sys.executable, "-m", "torch.distributed.run"]
+    for nodes in ("1", "2"):
+        env = dict(os.environ, SLURM_ARRAY_TASK_ID="1", SLURM_JOB_ID="9", SLURM_JOB_NUM_NODES=nodes,
+                   SLURM_JOB_NODELIST="node-[a-b]", SRUN_ARGS=str(tmp_path / "args"))
+        subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True)
+        args = (tmp_path / "args").read_text().splitlines()
+        rendezvous = args[len(launcher):-len(train_args) - 1]  # before --nproc_per_node
+        assert args[:len(launcher)] == launcher and args[-len(train_args) - 1:] == [
+            "--nproc_per_node=4", *train_args]
+        if nodes == "1":  # a rendezvous of its own: no port another job could share
+            assert rendezvous == ["--standalone"]
+        else:  # c10d on the first node, on a port free there when the task began
+            assert rendezvous[:3] == ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_id=9"]
+            assert re.fullmatch(r"--rdzv_endpoint=node-a:\d+", rendezvous[3])
+    # no GPUs where the partition has none, or where --sbatch names them itself; a bare KEY
+    for partition, gpus in (("cpu", []), ("gpu", ["gres=gpu:a100:4"])):
+        assert sweep.main(argv[:-7] + ["--sbatch", f"partition={partition}", *gpus,
+                                       "exclusive", "comment=a b"]) == 0
+        newest = max((out / "slurm").glob("sweep_*.sbatch"))  # STAMP: the time it was written
+        assert "#SBATCH --exclusive\n#SBATCH --comment='a b'\n" in newest.read_text()
+        asked = {line for line in newest.read_text().splitlines() if "gpu" in line}
+        assert asked == {f"#SBATCH --{option}" for option in gpus} | (
+            {"#SBATCH --partition=gpu"} if partition == "gpu" else set())
+    capsys.readouterr()
+    # --submit: sbatch's job id, or its refusal in one sentence
+    assert sweep.main(argv + ["--submit"]) == 0
+    assert "sweep: submitted job 42; its tasks write to " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as error:
+        sweep.main(argv[:-7] + ["--sbatch", "partition=nosuch", "--submit"])
+    assert str(error.value) == ("sweep run: sbatch refused the job (Batch job submission failed: "
+                                "Invalid partition name specified), so nothing was submitted; "
+                                "change --sbatch, --nodes or --nproc_per_node to what the cluster "
+                                "offers (sinfo lists its partitions)")
     # --submit needs sbatch; without it the message says what to run instead
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     with pytest.raises(SystemExit, match="sbatch was not found on PATH, so nothing was "
