@@ -327,6 +327,7 @@ def write_file(path: str, content: bytes) -> None:
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
     store.write_atomic(store.make_folder(target.parent) / target.name, content)
+    print(f"wrote {path}")
 
 
 def new_axes(*grid, figsize=(6.4, 4.0), **options):  # no pyplot: files only, nothing to close
@@ -339,7 +340,6 @@ def save_figure(fig, path: str) -> None:
     image = io.BytesIO()
     fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
     write_file(path, image.getvalue())
-    print(f"wrote {path}")
 
 
 def plot_dot_histogram(dots, bounds: dict, bins: int, path: str) -> None:
@@ -435,7 +435,6 @@ def execute(args, commands: dict, program: str) -> dict:
         result = commands[args.command](args)
         if args.json:
             write_file(args.json, (json.dumps(result, indent=2) + "\n").encode())
-            print(f"wrote {args.json}")
     except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result
