@@ -99,9 +99,13 @@ def verify_identities(H, W, W_star, targets, chunk: int = DEFAULTS["chunk"]) -> 
                 max_abs_logit=absmax.max().item(), max_abs_logit_star=absmax_star.max().item())
 
 
-def loss_gradients(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """G (N×V): row t is gₜ = ∂CEₜ/∂lₜ = softmax(lₜ) − onehot(yₜ)."""
-    return logits.softmax(1) - F.one_hot(targets, logits.shape[1])
+def loss_gradients(logits: torch.Tensor, targets: torch.Tensor, cap_logits=lambda l: l):
+    """G (N×V): row t is gₜ = ∂CEₜ/∂lₜ through a head's cap_logits (regularisers left out), by
+    autograd; uncapped, gₜ = softmax(lₜ) − onehot(yₜ)."""
+    with torch.enable_grad():
+        logits = logits.detach().requires_grad_()
+        ce = F.cross_entropy(cap_logits(logits), targets, reduction="sum")
+        return torch.autograd.grad(ce, logits)[0]
 
 
 def trivially_one(n_tokens: int, vocab: int, dim: int) -> list[str]:
@@ -175,8 +179,7 @@ def hidden_states(gpt: model.GPT, cfg: dict, args, n_tokens: int, dtype=torch.fl
     n_batches = math.ceil(n_tokens / (per_batch := args.batch_size * seq_len))
     if data_dir:
         store.check_dataset(data_dir)          # a half-written or mixed folder: one sentence
-        lengths = data.ShardLoader(data_dir, args.batch_size, seq_len, split="val").lengths
-        if n_tokens > (held := sum((n - 1) // per_batch for n in lengths) * per_batch):
+        if n_tokens > (held := data.val_steps_held(data_dir, args.batch_size, seq_len) * per_batch):
             raise ValueError(f"--tokens {n_tokens} is more than the {held} validation tokens "
                              f"{data_dir} holds in batches of {per_batch}; lower --tokens.")
         batches = data.val_batches(data_dir, n_batches * per_batch, args.batch_size, seq_len)
@@ -197,9 +200,8 @@ def run_verify(args) -> dict:
     Lemma 2, Prop. 3 and the proof's steps on the model's own hidden states."""
     pairs = theorem4.search_pairs(args.entries, args.h_entries)
     if args.exhaustive and pairs > (most := theorem4.SEARCH_MAX_PAIRS):  # it grows as (2K+1)⁶
-        fits = 0
-        while theorem4.search_pairs(fits + 1, args.h_entries) <= most:
-            fits += 1
+        fits = next(k for k in reversed(range(args.entries))  # the largest K that fits, or 0
+                    if theorem4.search_pairs(k, args.h_entries) <= most)
         raise ValueError(f"--exhaustive with --entries {args.entries} and --h_entries "
                          f"{args.h_entries} would compare {pairs:,} (W, h) pairs, more than the "
                          f"{most:,} it may; give " + (f"--entries {fits} or less." if fits else
@@ -288,9 +290,7 @@ def run_bottleneck(args) -> dict:
         n_tokens = args.tokens or 4 * D  # N > 2D: no figure trivially 1
         H, targets = hidden_states(gpt, cfg, args, n_tokens)
         W, H = gpt.output_weight.detach().double(), H.double()
-        G = loss_gradients(capped := gpt.head.logits(H, W), targets)  # regularisers left out
-        if gpt.head.name == "soft_cap":  # d/dl c·tanh(l/c) = 1 − tanh²(l/c) = 1 − (capped/c)²
-            G *= 1 - (capped / gpt.head.cap) ** 2
+        G = loss_gradients(H @ W.T, targets, gpt.head.cap_logits)
         rows.append(dict(step=step, **bottleneck(G, W, H)))
     trivial = trivially_one(n_tokens, V, D)
     note = f"; trivially 1 as N ≤ {'2D' if len(trivial) < 3 else 'D'}: {', '.join(trivial)}"
@@ -327,6 +327,7 @@ def write_file(path: str, content: bytes) -> None:
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'out.json'}.")
     store.write_atomic(store.make_folder(target.parent) / target.name, content)
+    print(f"wrote {path}")
 
 
 def new_axes(*grid, figsize=(6.4, 4.0), **options):  # no pyplot: files only, nothing to close
@@ -339,7 +340,6 @@ def save_figure(fig, path: str) -> None:
     image = io.BytesIO()
     fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
     write_file(path, image.getvalue())
-    print(f"wrote {path}")
 
 
 def plot_dot_histogram(dots, bounds: dict, bins: int, path: str) -> None:
@@ -435,7 +435,6 @@ def execute(args, commands: dict, program: str) -> dict:
         result = commands[args.command](args)
         if args.json:
             write_file(args.json, (json.dumps(result, indent=2) + "\n").encode())
-            print(f"wrote {args.json}")
     except (FileNotFoundError, ValueError, store.WriteError) as err:
         raise SystemExit(f"{program} {args.command}: error: {err}") from None
     return result

@@ -56,9 +56,8 @@ def precision_stats(head, h, weight, targets, dtype, chunk=64):
             ce_gap = (torch.log1p((p * torch.expm1(delta)).sum(dim=-1) / p.sum(dim=-1))
                       - delta.gather(-1, t_c.unsqueeze(-1)).squeeze(-1))
             sigma = spread(exact.float()).clamp(min=torch.finfo(torch.float32).tiny)
-            err_cast = (torch.zeros_like(sigma) if cast is exact
-                        else spread((cast - exact).float()) / sigma)
-            rows.append(torch.stack((ce_gap, err_cast, spread((rounded - cast).float()) / sigma)))
+            rows.append(torch.stack((ce_gap, spread((cast - exact).float()) / sigma,
+                                     spread((rounded - cast).float()) / sigma)))
     return torch.cat(rows, dim=1).double()
 
 

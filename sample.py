@@ -76,20 +76,16 @@ def text_codec(vocab_size: int):
     return encode, lambda ids: "".join(f" {i}" for i in ids), vocab_size
 
 
-def load_run(args):  # (model in eval mode, its run's config, its step)
-    path = Path(args.ckpt or Path(args.run) / "ckpt.pt")
-    if not args.ckpt and not path.is_file():
-        raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
-                                f"train.py run (its --out_dir), or --ckpt FILE")
-    print(f"loading {path} …", flush=True)  # it and the vocabulary may take seconds
-    return load_model(path, args.device)
-
-
 def main(argv=None) -> list[str]:
     """Print --num_samples continuations of --prompt; returns them. Bad input: one sentence."""
     args = build_parser().parse_args(argv)
+    path = Path(args.ckpt or Path(args.run) / "ckpt.pt")
     try:
-        gpt, config, step = load_run(args)
+        if not args.ckpt and not path.is_file():
+            raise FileNotFoundError(f"{args.run} holds no ckpt.pt; pass --run the folder of a "
+                                    f"train.py run (its --out_dir), or --ckpt FILE")
+        print(f"loading {path} …", flush=True)  # it and the vocabulary may take seconds
+        gpt, config, step = load_model(path, args.device)
         encode, decode, drawable = text_codec(gpt.config.vocab_size)
         prompt = encode(args.prompt)
     except (FileNotFoundError, ValueError, RuntimeError) as err:

@@ -180,10 +180,7 @@ def b_ratio_scan(n_matrices: int = SCAN_MATRICES, n_hidden: int = 500, shape=(10
 
 def binned(scan: list[dict], edges=(*(k / 10 for k in range(11)), math.inf)):
     """The scan's mean share per B_ratio bin [lo, hi), empty bins left out."""
-    rows = []
-    for lo, hi in zip(edges, edges[1:]):
-        shares = [r["larger_share"] for r in scan if lo <= r["B_ratio"] < hi]
-        if shares:
-            rows.append(dict(B_ratio_from=lo, B_ratio_to=hi, matrices=len(shares),
-                             larger_share=sum(shares) / len(shares)))
-    return rows
+    bins = [(lo, hi, [r["larger_share"] for r in scan if lo <= r["B_ratio"] < hi])
+            for lo, hi in zip(edges, edges[1:])]
+    return [dict(B_ratio_from=lo, B_ratio_to=hi, matrices=len(shares),
+                 larger_share=sum(shares) / len(shares)) for lo, hi, shares in bins if shares]

@@ -88,6 +88,16 @@ def test_loss_gradients_are_softmax_minus_onehot():
     torch.testing.assert_close(G, logits.grad, rtol=0, atol=1e-15)
 
 
+def test_loss_gradients_pass_through_the_soft_cap_by_its_derivative():
+    """d/dl c·tanh(l/c) = 1 − tanh²(l/c): G = (softmax(capped) − onehot)·(1 − (capped/c)²)."""
+    logits, targets = gaussian(5, 7, seed=11) * 4, torch.tensor([0, 6, 3, 3, 1])
+    head = heads.build("soft_cap", cap=2.0)
+    capped = head.cap_logits(logits)
+    expected = (capped.softmax(1) - torch.nn.functional.one_hot(targets, 7)) * (1 - (capped / 2) ** 2)
+    torch.testing.assert_close(analyze.loss_gradients(logits, targets, head.cap_logits), expected,
+                               rtol=0, atol=1e-15)
+
+
 # ───────────────────────────── the paper's identities ─────────────────────────────
 
 def shifted_weight(V=VOCAB, D=16, shift=1.5, seed=15):
