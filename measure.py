@@ -73,7 +73,7 @@ def mean_state_alignment(h_mean, weight):
         (h̄·μ̂, cos(h̄, μ)) = (h̄·μ̂, h̄·μ̂/‖h̄‖),   both 0 where μ = 0 or h̄ = 0.
     Lemma 1 averaged over tokens gives l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂): h̄·μ̂ is what turns a long μ into
     a large mean logit (in the authors' run table, the degraded 16M baseline at η = 0.3:
-    l̄/‖μ‖ = 1152/331.5 ≈ 3.5)."""
+    l̄/‖μ‖ = 1152/331.471 ≈ 3.5)."""
     tiny = torch.finfo(torch.float64).tiny
     h_mean, mu = h_mean.double(), heads.mean_embedding(weight).double()
     proj = h_mean @ (mu / mu.norm().clamp(min=tiny))
