@@ -58,11 +58,10 @@ def curvature_along(H: torch.Tensor, W: torch.Tensor, directions: torch.Tensor) 
 
 def curvatures(H: torch.Tensor, W: torch.Tensor, n_random: int = 16) -> dict:
     """curvature_along μ̂, along h̄/‖h̄‖, and the mean and std over n_random random directions."""
-    unit = lambda v: v / v.norm()
     random = torch.randn(n_random, W.shape[1], generator=torch.Generator().manual_seed(0),
                          dtype=W.dtype)
-    k = curvature_along(H, W, torch.stack([unit(W.mean(0)), unit(H.mean(0)),
-                                           *(unit(v) for v in random)]))
+    directions = torch.cat([torch.stack([W.mean(0), H.mean(0)]), random])
+    k = curvature_along(H, W, directions / directions.norm(dim=1, keepdim=True))
     return dict(curv_mu=k[0].item(), curv_h_mean=k[1].item(), curv_random=k[2:].mean().item(),
                 curv_random_std=k[2:].std().item())
 
