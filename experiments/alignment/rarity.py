@@ -25,13 +25,12 @@ def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
     return W.double() @ mu / mu.square().sum()
 
 
-def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
-                       edges=COUNT_EDGES) -> tuple[list[dict], dict]:
+def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor) -> tuple[list[dict], dict]:
     """(per bucket of training counts: rows, mean and std of aᵢ; the mean and std of aᵢ over
     the training targets, each row weighted by its count)."""
     counts = counts.double()
     buckets = []
-    for low, high in zip(edges, (*edges[1:], math.inf)):
+    for low, high in zip(COUNT_EDGES, (*COUNT_EDGES[1:], math.inf)):
         rows = (counts >= low) & (counts < high)
         if rows.any():
             buckets.append(dict(counts=f"[{low}, {high})" if high < math.inf else f"≥ {low}",
