@@ -12,7 +12,7 @@ import train
 
 
 def frozen_gain(config: dict):
-    gpt = model.from_config(config)  # model.py's: train.from_config is this function below
+    gpt = model.from_config(config)  # model.py's: below, train.from_config becomes this function
     gpt.ln_f.weight.requires_grad_(False)  # no gradient: AdamW never moves it
     return gpt
 
