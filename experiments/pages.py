@@ -171,6 +171,7 @@ def rarity(path: Path, buckets: tuple) -> dict:
     bucket = {b["counts"]: b["reach_mean"] for b in a["buckets"]}
     top = a["residual_top"][:2]
     return a | dict(bucket=bucket, top2=sum(c["share"] for c in top),
+                    top2_gain=max(abs(c["gain"]) for c in top),
                     top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
                     reach=" / ".join(f"{bucket[k]:.2f}" if k in bucket else "–" for k in buckets))
 
@@ -186,7 +187,7 @@ def alignment(results: Path) -> dict:
     table = markdown_table([["", *pairs], *([name, *(cell.format(
         b=r[p]["baseline"], c=r[p]["mu_center"], a=a[p]) for p in pairs)]
         for name, cell in ALIGNMENT_ROWS)])
-    baselines, rarities = [r[p]["baseline"] for p in pairs], [a[p] for p in pairs]
+    baselines, rarities = [r[p]["baseline"] for p in pairs], list(a.values())
     paper = paper_baselines()
     at_03, at_3e4 = ([row for row in paper if row["lr"] == lr] for lr in (0.3, 3e-4))
     bests = [min(row["test_loss"] for row in paper if row["size"] == size)  # each size's best η
@@ -198,8 +199,7 @@ def alignment(results: Path) -> dict:
                 paper_loss=span("test_loss", at_03), paper_best=(min(bests), max(bests)),
                 mu=span("mu_norm", baselines), cost=span("prec_ce_gap", baselines),
                 rms=span("h_norm_rms", rarities), gain=span("ln_f_gain_norm", rarities),
-                top2=span("top2", rarities),
-                top2_gain=max(abs(c["gain"]) for p in pairs for c in a[p]["residual_top"][:2]))
+                top2=span("top2", rarities), top2_gain=span("top2_gain", rarities)[1])
 
 
 def proxy(results: Path) -> dict:
@@ -256,8 +256,7 @@ def frequency(results: Path) -> dict:
     for row in read_csv(results / "results.csv"):
         sweep, name = row["run"].split("/")
         r.setdefault(f"{sweep}_seed{name.rsplit('seed', 1)[1]}", {})[row["head"]] = row
-    runs = [f"{sweep}_seed{seed}" for sweep in FREQUENCY_RUNS for seed in (0, 1)
-            if f"{sweep}_seed{seed}" in r]
+    runs = [k for k in (f"{s}_seed{seed}" for s in FREQUENCY_RUNS for seed in (0, 1)) if k in r]
     logged = read_csv(results / "trajectories.csv")
     a = {}
     for k in runs:
@@ -293,9 +292,9 @@ def frequency(results: Path) -> dict:
                 centering_max=max(abs(p["baseline"]["test_loss"] - p["mu_center"]["test_loss"])
                                   for p in pairs),
                 h_mean=span("h_mean_norm", rarities), top2=span("top2", rarities),
+                top2_gain=span("top2_gain", rarities)[1],
                 l_at_old_mu=a["frozen_gain_zipf_seed0"]["h_mu_proj"] * r["zipf_seed0"][
-                    "baseline"]["mu_norm"],
-                top2_gain=max(abs(c["gain"]) for x in rarities for c in x["residual_top"][:2]))
+                    "baseline"]["mu_norm"])
 
 
 WRITTEN = dict(mechanism=mechanism, alignment=alignment, proxy=proxy,  # geometry's page is prose

@@ -25,13 +25,12 @@ def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
     return W.double() @ mu / mu.square().sum()
 
 
-def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor,
-                       edges=COUNT_EDGES) -> tuple[list[dict], dict]:
+def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor) -> tuple[list[dict], dict]:
     """(per bucket of training counts: rows, mean and std of aᵢ; the mean and std of aᵢ over
     the training targets, each row weighted by its count)."""
     counts = counts.double()
     buckets = []
-    for low, high in zip(edges, (*edges[1:], math.inf)):
+    for low, high in zip(COUNT_EDGES, (*COUNT_EDGES[1:], math.inf)):
         rows = (counts >= low) & (counts < high)
         if rows.any():
             buckets.append(dict(counts=f"[{low}, {high})" if high < math.inf else f"≥ {low}",
@@ -58,11 +57,10 @@ def curvature_along(H: torch.Tensor, W: torch.Tensor, directions: torch.Tensor) 
 
 def curvatures(H: torch.Tensor, W: torch.Tensor, n_random: int = 16) -> dict:
     """curvature_along μ̂, along h̄/‖h̄‖, and the mean and std over n_random random directions."""
-    unit = lambda v: v / v.norm()
     random = torch.randn(n_random, W.shape[1], generator=torch.Generator().manual_seed(0),
                          dtype=W.dtype)
-    k = curvature_along(H, W, torch.stack([unit(W.mean(0)), unit(H.mean(0)),
-                                           *(unit(v) for v in random)]))
+    directions = torch.cat([torch.stack([W.mean(0), H.mean(0)]), random])
+    k = curvature_along(H, W, directions / directions.norm(dim=1, keepdim=True))
     return dict(curv_mu=k[0].item(), curv_h_mean=k[1].item(), curv_random=k[2:].mean().item(),
                 curv_random_std=k[2:].std().item())
 

@@ -7,15 +7,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, whose modules these import
+import model
 import train
-
-unfrozen = train.from_config
 
 
 def frozen_gain(config: dict):
-    model = unfrozen(config)
-    model.ln_f.weight.requires_grad_(False)  # no gradient: AdamW never moves it
-    return model
+    gpt = model.from_config(config)  # model.py's: below, train.from_config becomes this function
+    gpt.ln_f.weight.requires_grad_(False)  # no gradient: AdamW never moves it
+    return gpt
 
 
 if __name__ == "__main__":

@@ -313,7 +313,7 @@ def main(argv=None) -> dict:
     a("--train_args", nargs=argparse.REMAINDER, default=[],
       help="everything after this goes to train.py as is (e.g. --lr 3e-3)")
     args = p.parse_args(argv)
-    if any(o == 0 for o in getattr(args, "offsets", [1])):
+    if 0 in getattr(args, "offsets", ()):
         p.error("--offsets must be non-zero (+1 next token, -k context k tokens back)")
     return analyze.execute(args, dict(tying=run_tying, signatures=run_signatures,
                                       trivial=run_trivial), "geometry.py")

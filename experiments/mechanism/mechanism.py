@@ -116,8 +116,7 @@ def continue_run(model, optimizer_state, batches, val, lr: float, dtype: str,
 def train_batches(tokens: np.ndarray, seed: int, steps: int, batch: int, seq_len: int):
     """`steps` batches of `batch` random (seq_len + 1)-token windows: the data order of `seed`."""
     starts = np.random.default_rng(seed).integers(0, len(tokens) - seq_len - 1, (steps, batch))
-    windows = [torch.from_numpy(np.stack([tokens[s:s + seq_len + 1] for s in row]).astype(np.int64))
-               for row in starts]
+    windows = torch.from_numpy(tokens[starts[..., None] + np.arange(seq_len + 1)].astype(np.int64))
     return [(w[:, :-1], w[:, 1:]) for w in windows]
 
 
@@ -241,14 +240,12 @@ def gap_rows(rows: list[dict]) -> list[dict]:
 def base_rows(rows: list[dict], summaries: dict) -> list[dict]:
     """bases.csv: each base run's final statistics and what bf16 then does from it: the mean gap
     and the mean change l̄(end) − l̄(start) over the data orders, at L = 1000 and 3000."""
-    gapped = pages.with_gaps(rows)
+    bf16 = [r for r in pages.with_gaps(rows) if r["condition"] == "bf16"]
     table = []
     for base, summary in summaries.items():
         row = dict(base=base, **{k: summary[k] for k in BASE_STATS})
         for shift in ("along1000", "along3000"):
-            runs = [r for r in gapped if (r["base"], r["condition"], r["shift"]) == (
-                base, "bf16", shift)]
-            if runs:
+            if runs := [r for r in bf16 if (r["base"], r["shift"]) == (base, shift)]:
                 row |= {f"bf16_gap_{shift}": float(np.mean([r["gap_end"] for r in runs])),
                         f"bf16_dl_{shift}": float(np.mean([r["logit_mean_end"] -
                                                            r["logit_mean_start"] for r in runs]))}
@@ -330,11 +327,10 @@ def shift_label(shift: str) -> str:
 
 
 def report(out: Path, args):
-    if missing := ", ".join(n for n in ("runs.csv", "curves.csv", "bases.csv")
-                            if not (out / n).exists()):
+    names = ("runs.csv", "curves.csv", "bases.csv")
+    if missing := ", ".join(n for n in names if not (out / n).exists()):
         raise ValueError(f"{out} lacks {missing}; run mechanism.py without --from_results first.")
-    runs, curves = pages.read_csv(out / "runs.csv"), pages.read_csv(out / "curves.csv")
-    bases = pages.read_csv(out / "bases.csv")
+    runs, curves, bases = (pages.read_csv(out / n) for n in names)
     (out / "table.md").write_text(gap_table(gap_rows(runs), bases, args))
     print(f"wrote {out / 'table.md'}")
     title = (f"untied {BASE['size']} baselines ({len(bases)} initial seeds) after "
