@@ -304,17 +304,6 @@ def write_json(path, obj: dict):
     store.write_atomic(path, json_text(obj, indent=2) + "\n")
 
 
-def append_log(path: Path, record: dict):
-    """One JSON line at the end of the log, whole or not at all (a full disk's part is cut)."""
-    with store.WatchedFile(path, "ab") as f:  # it writes all of the line, or raises WriteError
-        size = os.fstat(f.fileno()).st_size
-        try:
-            f.write((json_text(record) + "\n").encode())
-        except store.WriteError:
-            os.ftruncate(f.fileno(), size)
-            raise
-
-
 def trim_log(path: Path, last_step: int):
     """Keep the log lines up to the checkpoint's step; a line cut off by a kill is dropped."""
     if path.exists() and not path.is_file():
@@ -399,8 +388,16 @@ class RunFolder:
         return progress
 
     def log(self, record: dict):
-        if self.ctx.master:
-            append_log(self.out / "log.jsonl", record)
+        """A JSON line at the end of log.jsonl, whole or not at all (a full disk's part is cut)."""
+        if not self.ctx.master:
+            return
+        with store.WatchedFile(self.out / "log.jsonl", "ab") as f:  # all of the line, or WriteError
+            size = os.fstat(f.fileno()).st_size
+            try:
+                f.write((json_text(record) + "\n").encode())
+            except store.WriteError:
+                os.ftruncate(f.fileno(), size)
+                raise
 
     def save_checkpoint(self, model: GPT, optimizer, progress: Progress):
         """ckpt.pt: what --resume needs, weights_only-loadable; the unwrapped model's weights, so
