@@ -304,17 +304,6 @@ def write_json(path, obj: dict):
     store.write_atomic(path, json_text(obj, indent=2) + "\n")
 
 
-def append_log(path: Path, record: dict):
-    """One JSON line at the end of the log, whole or not at all (a full disk's part is cut)."""
-    with store.WatchedFile(path, "ab") as f:  # it writes all of the line, or raises WriteError
-        size = os.fstat(f.fileno()).st_size
-        try:
-            f.write((json_text(record) + "\n").encode())
-        except store.WriteError:
-            os.ftruncate(f.fileno(), size)
-            raise
-
-
 def trim_log(path: Path, last_step: int):
     """Keep the log lines up to the checkpoint's step; a line cut off by a kill is dropped."""
     if path.exists() and not path.is_file():
@@ -379,8 +368,8 @@ class RunFolder:
         self.out, self.config, self.loader, self.ctx = out, config, loader, ctx
 
     def resume(self, args, model: GPT, optimizer) -> Progress:
-        """With --resume and a ckpt.pt: model, optimizer, loader and RNG restored, its Progress;
-        else a fresh one. Then the CPU threads, config.json, and the log cut to the step."""
+        """ckpt.pt's Progress with --resume (restore), else a fresh one; then the CPU threads,
+        config.json, and the log cut to the step."""
         progress, recorded, ckpt = Progress(), {}, self.out / "ckpt.pt"
         if args.resume and ckpt.exists():
             progress, recorded = restore(ckpt, self.config, model, optimizer, self.loader,
@@ -399,8 +388,16 @@ class RunFolder:
         return progress
 
     def log(self, record: dict):
-        if self.ctx.master:
-            append_log(self.out / "log.jsonl", record)
+        """A JSON line at the end of log.jsonl, whole or not at all (a full disk's part is cut)."""
+        if not self.ctx.master:
+            return
+        with store.WatchedFile(self.out / "log.jsonl", "ab") as f:  # all of the line, or WriteError
+            size = os.fstat(f.fileno()).st_size
+            try:
+                f.write((json_text(record) + "\n").encode())
+            except store.WriteError:
+                os.ftruncate(f.fileno(), size)
+                raise
 
     def save_checkpoint(self, model: GPT, optimizer, progress: Progress):
         """ckpt.pt: what --resume needs, weights_only-loadable; the unwrapped model's weights, so
@@ -419,8 +416,7 @@ class RunFolder:
             with store.open_atomic(self.out / f"ckpt_step{step:07d}.pt") as f:
                 torch.save({"model": model.state_dict(), "step": step, "config": self.config}, f)
 
-    def compile_failed(self, failure: str):
-        """What torch.compile gave up on (CompileWatch), said and recorded in config.json."""
+    def compile_failed(self, failure: str):  # what CompileWatch caught
         self.config["compile_failed"] = failure
         self.ctx.say(f"torch.compile failed ({failure}); the run goes on uncompiled (eager) where "
                      f"it failed, recorded as compile_failed in config.json")
@@ -428,7 +424,6 @@ class RunFolder:
             write_json(self.out / "config.json", self.config)
 
     def finish(self, summary: dict):
-        """summary.json: the run is finished."""
         if self.ctx.master:
             write_json(self.out / "summary.json", summary)
         self.ctx.say("done: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
@@ -439,11 +434,10 @@ class RunFolder:
 @contextlib.contextmanager
 def run_folder(args, ctx: Dist):
     """The run folder, which rank 0 locks for the block, with --data made ready and checked: a
-    RunFolder, or None when --resume finds the run finished. A folder holding a run is refused
-    without --resume (before any download), another run's with it."""
+    RunFolder, or None when --resume finds the run finished (check_run_folder)."""
     out = Path(args.out_dir)
     with run_folder_lock(out) if ctx.master else contextlib.nullcontext():
-        if ctx.master and not args.resume:
+        if ctx.master and not args.resume:  # a run in the folder is refused before any download
             check_run_folder(args, out, {}, ctx.say)
         loader = ready_data(args, ctx)
         config = dict(vars(args), world_size=ctx.world_size)
