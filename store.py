@@ -218,9 +218,8 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer.
     The new dataset is written in a staging folder inside out_dir, which one rename makes
     NEW_DATASET: a kill before that rename leaves out_dir as it was, a kill after it the new
-    dataset, which _move_in moves in (here, or in the next check_dataset). Of the files already
-    there, those named like the new dataset's are replaced and the other {prefix} shards
-    removed; the rest stay."""
+    dataset, which _move_in moves in (here, or in the next check_dataset); files there that are
+    neither shards nor named like the new dataset's stay."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         _move_in(out_dir)                      # what a killed writer left, before anything else
