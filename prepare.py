@@ -11,7 +11,6 @@ import hashlib
 import http.client
 import io
 import json
-import math
 import multiprocessing
 import os
 import re
@@ -285,7 +284,7 @@ def prepare_renumbered(source_dir, out_dir):
 
 def shards_needed(tokens, dataset=DEFAULT_DATASET):
     """Train shards a run of `tokens` training tokens reads, at most all (a longer run wraps)."""
-    return min(math.ceil(tokens / data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
+    return min(-(-tokens // data.SHARD_TOKENS), FINEWEB_DATASETS[dataset][1])
 
 
 def fetch_fineweb(folder=DEFAULT_DATA, dataset=DEFAULT_DATASET, train_shards=8, base_url=None):

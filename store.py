@@ -17,7 +17,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import data
@@ -109,19 +108,13 @@ def _complete(name, entry):
 
 
 def file_entry(path, shard=None):
-    """{bytes, sha256} from one read of the file, and for a shard (a .bin unless told) max_token."""
-    shard = shard or str(path).endswith(".bin")
-    header = data.token_offset(path) if shard else 0
-    digest, top, size = hashlib.sha256(), -1, 0
+    """{bytes, sha256} of the file, and for a shard (a .bin unless told) its max_token."""
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):               # 4 MiB: even, so uint16s stay whole
-            digest.update(block)
-            tokens = block[max(0, header - size):]
-            if len(tokens) > 1:                       # an odd last byte is no token
-                top = max(top, int(np.frombuffer(tokens[:len(tokens) // 2 * 2], "<u2").max()))
-            size += len(block)
-    entry = {"bytes": size, "sha256": digest.hexdigest()}
-    return {**entry, "max_token": top} if shard else entry
+        entry = {"bytes": os.fstat(f.fileno()).st_size,
+                 "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+    if shard or str(path).endswith(".bin"):
+        entry["max_token"] = data.max_token(path)
+    return entry
 
 
 def shard_files(folder):
@@ -225,9 +218,8 @@ def write_dataset(out_dir, prefix, splits, source, extras=None, replace=True):
     as one dataset; returns the shards. replace=False keeps one there, after a concurrent writer.
     The new dataset is written in a staging folder inside out_dir, which one rename makes
     NEW_DATASET: a kill before that rename leaves out_dir as it was, a kill after it the new
-    dataset, which _move_in moves in (here, or in the next check_dataset). Of the files already
-    there, those named like the new dataset's are replaced and the other {prefix} shards
-    removed; the rest stay."""
+    dataset, which _move_in moves in (here, or in the next check_dataset); files there that are
+    neither shards nor named like the new dataset's stay."""
     out_dir = make_folder(out_dir)
     with _writer_lock(out_dir, wait=not replace):
         _move_in(out_dir)                      # what a killed writer left, before anything else
