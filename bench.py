@@ -183,7 +183,7 @@ def bench_size(args, size, publish):
     """publish(rows) after each variant is built and timed alone, then once all are in turns."""
     device = torch.device(args.device)
     print(f"{size}, training step: building, {args.warmup} warm-up step(s) each …", flush=True)
-    peak, tokens = train.peak_flops(device, args.dtype), args.micro_batch * args.seq_len
+    peak, tokens = runs.peak_flops(device, args.dtype), args.micro_batch * args.seq_len
     variants, alone, extra = {}, {}, {}
 
     def rows(samples, timing):  # median step times, tokens/s and MFU beside extra[key]
@@ -401,7 +401,7 @@ def main(argv=None):
     allow_recompiles(torch._dynamo.config)
     result = {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else f"CPU ({torch.get_num_threads()} threads)", "torch": torch.__version__,
-              "peak_flops": train.peak_flops(device, args.dtype),
+              "peak_flops": runs.peak_flops(device, args.dtype),
               "memory_measure": ("torch.cuda.max_memory_allocated above the start"
                                  if device.type == "cuda" else "peak RSS growth (VmHWM)"),
               "settings": {k: v for k, v in vars(args).items() if k != "json"},
@@ -411,7 +411,7 @@ def main(argv=None):
         result[part] = done + rows
         if args.json is not None:
             store.make_folder(args.json.parent)
-            train.write_json(args.json, result)
+            runs.write_json(args.json, result)
 
     try:
         publish("train", [], [])  # at once: a --json that cannot be written ends before any work
