@@ -101,13 +101,12 @@ def expand_grid(grid, **given):
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     axes = {**GRIDS[grid], **{axis: tuple(values) for axis, values in given.items() if values}}
     check_axes(grid, axes)
-    runs = []
-    for size, head, tie, dtype, seed, lr in product(axes["sizes"], axes["heads"], axes["ties"],
-                                                    axes["dtypes"], axes["seeds"], axes["lrs"]):
-        if not tie or head in (axes["tied_heads"] or axes["heads"]):
-            runs += [Run(size, head, lr, tie, lam, cap, dtype, seed)
-                     for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
-                     for cap in (axes["caps"] if head == "soft_cap" else (None,))]
+    points = product(*(axes[axis] for axis in ("sizes", "heads", "ties", "dtypes", "seeds", "lrs")))
+    runs = [Run(size, head, lr, tie, lam, cap, dtype, seed)
+            for size, head, tie, dtype, seed, lr in points
+            if not tie or head in (axes["tied_heads"] or axes["heads"])
+            for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
+            for cap in (axes["caps"] if head == "soft_cap" else (None,))]
     return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
 
 
