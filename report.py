@@ -235,6 +235,8 @@ RESOLUTION = ("(iv) min(L, L₀) − the variant's best loss (a diverged run cou
               "the logits' spread σ_l, per learning rate")
 ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/‖μ‖ (Lemma 1, averaged "
              "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
+TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",
+                     "lrs", "lrs_mean", "train_time_s", "extra_time")
 
 
 def _markdown_grid(cells, header, rows):  # a Markdown table, rows of a size column then header
@@ -316,10 +318,6 @@ def markdown_report(cells, mean="published", l0=None):
         for head, swept in swept_lambda_cells(cells, tie).items():
             parts += [f"## {head} for several λ, {tying}", *loss_and_lrs(swept, show_lam=True)]
     return "\n\n".join(parts) + "\n"
-
-
-TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",
-                     "lrs", "lrs_mean", "train_time_s", "extra_time")
 
 
 def csv_text(header, rows):  # a cell empty for None, true/false, a float in full (repr)

@@ -55,6 +55,9 @@ GRID_OPTIONS = ("size", "head", "lr", "tie", "lam", "cap", "dtype", "seed", "out
 SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")  # not what a run computes
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
+RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
+                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
+                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
 
 
 def short(x):
@@ -449,11 +452,6 @@ def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or n
         with store.open_atomic(path) as f:
             fig.savefig(f, format=path.suffix[1:], dpi=120)
         print(f"sweep: wrote {path}")
-
-
-RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
-                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
-                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
 
 
 def cmd_collect(args):
