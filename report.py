@@ -128,13 +128,13 @@ def extra_time(cell, cells):  # mean train time / the baseline's − 1
     return math.nan
 
 
-def swept_lambda_heads(cells, tie):  # heads run with several λ: their own Table 3 and Fig. 4
-    return [head for head in LAMBDA_HEADS
-            if len({c.lam for c in cells if c.tie == tie and c.head == head}) > 1]
+def swept_lambda_cells(cells, tie):  # {head run with several λ: its cells}: Table 3 and Fig. 4
+    by_head = {head: [c for c in cells if c.tie == tie and c.head == head] for head in LAMBDA_HEADS}
+    return {head: mine for head, mine in by_head.items() if len({c.lam for c in mine}) > 1}
 
 
 def main_cells(cells, tie):  # Table 2 (untied) / 6 (tied): a head swept over λ at λ = 1e-4 only
-    swept = swept_lambda_heads(cells, tie)
+    swept = swept_lambda_cells(cells, tie)
     return [c for c in cells if c.tie == tie and (c.head not in swept or c.lam == DEFAULT_LAM)]
 
 
@@ -235,6 +235,8 @@ RESOLUTION = ("(iv) min(L, L₀) − the variant's best loss (a diverged run cou
               "the logits' spread σ_l, per learning rate")
 ALIGNMENT = ("(v) How the mean hidden state lines up with μ: h̄·μ̂ = l̄/‖μ‖ (Lemma 1, averaged "
              "over tokens), per learning rate; with centering ‖μ‖ ≈ 0 and the ratio means nothing")
+TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",
+                     "lrs", "lrs_mean", "train_time_s", "extra_time")
 
 
 def _markdown_grid(cells, header, rows):  # a Markdown table, rows of a size column then header
@@ -313,14 +315,9 @@ def markdown_report(cells, mean="published", l0=None):
         if any(row["mu_norm"] > 0 for row in rows):  # NaN > 0 is False
             parts += [ALIGNMENT, per_lr_table(main, lambda c, loss, row: (
                 f"{row['logit_mean'] / row['mu_norm']:.2f}" if row["mu_norm"] > 0 else "–"))]
-        for head in swept_lambda_heads(cells, tie):
-            swept = [c for c in cells if c.tie == tie and c.head == head]
+        for head, swept in swept_lambda_cells(cells, tie).items():
             parts += [f"## {head} for several λ, {tying}", *loss_and_lrs(swept, show_lam=True)]
     return "\n\n".join(parts) + "\n"
-
-
-TABLE_CSV_COLUMNS = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss",
-                     "lrs", "lrs_mean", "train_time_s", "extra_time")
 
 
 def csv_text(header, rows):  # a cell empty for None, true/false, a float in full (repr)
@@ -391,9 +388,8 @@ def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed
             lambda c: variant_label(c.variant), f"Loss vs learning rate, and LRS ({tying})")
         yield f"fig3_logits_{tying}", _metrics(ours, ref, (
             f"Logit statistics, ‖μ‖ and the head's rounding vs learning rate ({tying})"))
-        for head in swept_lambda_heads(cells, tie):  # Fig. 2's layout, a colour per λ
-            mine, theirs = ([c for c in source if c.tie == tie and c.head == head]
-                            for source in (cells, ref_cells))
+        for head, mine in swept_lambda_cells(cells, tie).items():  # Fig. 2's layout, a colour per λ
+            theirs = [c for c in ref_cells if c.tie == tie and c.head == head]
             lams = sorted({c.lam for c in mine + theirs})
             yield f"fig4_lambda_{head}_{tying}", _loss_and_lrs(
                 mine, theirs, lambda c: colormaps["viridis"](

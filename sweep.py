@@ -55,6 +55,9 @@ GRID_OPTIONS = ("size", "head", "lr", "tie", "lam", "cap", "dtype", "seed", "out
 SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")  # not what a run computes
 POLL_S = 0.2  # how often the local launcher looks for finished runs
 USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
+RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
+                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
+                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
 
 
 def short(x):
@@ -101,13 +104,12 @@ def expand_grid(grid, **given):
         raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
     axes = {**GRIDS[grid], **{axis: tuple(values) for axis, values in given.items() if values}}
     check_axes(grid, axes)
-    runs = []
-    for size, head, tie, dtype, seed, lr in product(axes["sizes"], axes["heads"], axes["ties"],
-                                                    axes["dtypes"], axes["seeds"], axes["lrs"]):
-        if not tie or head in (axes["tied_heads"] or axes["heads"]):
-            runs += [Run(size, head, lr, tie, lam, cap, dtype, seed)
-                     for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
-                     for cap in (axes["caps"] if head == "soft_cap" else (None,))]
+    points = product(*(axes[axis] for axis in ("sizes", "heads", "ties", "dtypes", "seeds", "lrs")))
+    runs = [Run(size, head, lr, tie, lam, cap, dtype, seed)
+            for size, head, tie, dtype, seed, lr in points
+            if not tie or head in (axes["tied_heads"] or axes["heads"])
+            for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
+            for cap in (axes["caps"] if head == "soft_cap" else (None,))]
     return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
 
 
@@ -450,11 +452,6 @@ def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or n
         with store.open_atomic(path) as f:
             fig.savefig(f, format=path.suffix[1:], dpi=120)
         print(f"sweep: wrote {path}")
-
-
-RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
-                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
-                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
 
 
 def cmd_collect(args):
