@@ -25,7 +25,6 @@ import heads
 import runs
 import store
 import train
-from runs import device_memory  # scripts/gpu_check.sh reads it here too
 from model import SIZES
 
 # CUDA: the paper's micro-batch; CPU: small, where 16 × 2048 tokens would take many seconds
@@ -86,7 +85,7 @@ def parse_args(argv=None):
 def refuse_what_cannot_fit(args, size, device_type, error):
     """error(one sentence) where a lower bound of the bytes a size needs exceeds the device's: per
     token, a step's ids and a float32 activation per layer; the head alone's h, grad, logits."""
-    have, cfg = device_memory(torch.device(args.device)), SIZES[size]
+    have, cfg = runs.device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
     for need, what, lower in [
             ((not args.no_train or args.measure) * tokens * (16 + 4 * dim * cfg["n_layer"]),
@@ -165,7 +164,8 @@ class Variant:
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
-        self.model = torch.compile(self.raw, backend=args.backend) if self.targs.compile else self.raw
+        self.model = (torch.compile(self.raw, backend=args.backend) if self.targs.compile
+                      else self.raw)
         self.amp = train.autocast(self.device, self.targs.dtype)
         self.ctx = runs.Dist(0, 0, 1, self.device)  # one process
         tokens = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1),
@@ -331,7 +331,8 @@ def bench_loss_path(args, size, publish):
                            for g, r in zip(grads, ref_grads))
             errs[name, path] = {"loss_err": float((loss - ref).abs()), "grad_err": grad_err}
             works[name, path] = functools.partial(
-                loss_and_grads, torch.compile(loss_fn, backend=args.backend) if args.compile else loss_fn, h, weight)
+                loss_and_grads, torch.compile(loss_fn, backend=args.backend) if args.compile
+                else loss_fn, h, weight)
             for _ in range(args.warmup):
                 works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
@@ -347,7 +348,7 @@ def bench_loss_path(args, size, publish):
 
 
 def print_table(title, columns, rows):
-    """title, then the rows right-aligned under columns of (header, key, format, unit); None: n/a."""
+    """title, then the rows right-aligned under columns of (header, key, format, unit)."""
     lines = [[c[0] for c in columns]] + [["n/a" if r[key] is None else format(r[key] * unit, spec)
                                           for _, key, spec, unit in columns] for r in rows]
     widths = [max(map(len, column)) for column in zip(*lines)]
@@ -377,8 +378,8 @@ def print_tables(result):
         ",.0f", 1), ("MFU", "mfu", ".1%", 1), ("peak MiB", "peak_mem_bytes", *MIB),
         ("vs plain", "vs_plain", *PCT), ("mem ÷", "mem_reduction", ".1f", 1)], rows)
     print_table(f"LM head alone, forward + backward; {setting}; peak memory: "
-                f"{result['memory_measure']}; × torch op: time / baseline's F.linear_cross_entropy's;"
-                f" errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)", [
+                f"{result['memory_measure']}; × torch op: time / baseline's "
+                f"F.linear_cross_entropy's; errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)", [
                     ("tokens", "tokens", "", 1), ("V", "vocab", "", 1), ("D", "dim", "", 1),
                     ("head", "head", "", 1), ("path", "loss_impl", "", 1), ("ms", "time_s", *MS),
                     ("× torch op", "vs_torch_op", ".2f", 1), ("peak MiB", "peak_mem_bytes", *MIB),
@@ -390,7 +391,8 @@ def print_tables(result):
                     ("log step ms", "log_step_s", *MS), ("log share", "log_share", ".1%", 1),
                     ("eval ms", "eval_s", *MS), ("final stats s", "final_stats_s", ".2f", 1),
                     ("over tokens", "stat_tokens", ",", 1)],
-                [r | {"log_share": r["log_step_s"] / (10 * r["step_s"])} for r in result["measure"]])
+                [r | {"log_share": r["log_step_s"] / (10 * r["step_s"])}
+                 for r in result["measure"]])
 
 
 def allow_recompiles(config, limit=64):

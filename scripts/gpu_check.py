@@ -4,33 +4,31 @@
     python scripts/gpu_check.py             # on the GPU machine: rows under $OUT as measured
     DEVICE=cpu python scripts/gpu_check.py  # the rehearsal: the same phases, tiny, ~2 minutes
 
-Built for one H200 and a hard limit of about 570 s that ends in SIGKILL, with room for 8 files.
-Each phase runs bench.py or train.py as children (this file imports no torch); its rows are
-written whole to $OUT the moment they are measured:
-  a  a_step.json        the compiled default step of 16M (16 × 2048 tokens, bf16, heads.py's
-                        plain loss), baseline and μ-centering: tokens/s, MFU, peak memory
-  b  b_heads.json       the same for soft-cap, z-loss, μ-loss and the float32 LM head
-  c  c_head_alone.json  the LM head alone, eager, 32,768 tokens, D = 224 and 832, and anchors
-  d  d_long.jsonl       bf16 runs at once: baseline, μ-centering, float32 head, η = 0.1 and 0.3,
-                        as many steps as fit (the row d_plan); ‖μ‖, l̄, h̄·μ̂ logged, merged in 2 s
-  e  e_step.json        the 221M step, baseline, in whatever time is left
-and phases.jsonl (the machine, its compute mode, the commit; each phase's cap, seconds, exit
-code (124: cut at its cap), graph breaks, recompiles), gpu_check.log (the children's console),
-table.txt. Children die with this process, also under SIGKILL (PR_SET_PDEATHSIG); a TERM or an
-INT stops them, merges d's logs and writes the table. Environment: DEVICE (cuda or cpu), OUT
-(out/gpu_check), DATA (data/shakespeare), SCRATCH (where d's run folders go), PHASES, BUDGET_S.
+Built for one H200, a hard limit of about 570 s that ends in SIGKILL, room for 8 files. Each
+phase runs bench.py or train.py as children (this file imports no torch); rows are written whole
+to $OUT the moment they are measured: a_step.json (a: the compiled default step of 16M, 16 × 2048
+tokens, bf16, the plain loss path, baseline and μ-centering: tokens/s, MFU, peak memory),
+b_heads.json (b: the same for the other heads and the float32 LM head), c_head_alone.json (c: the
+LM head alone, eager, at D = 224 and 832, with the anchors this machine has), d_long.jsonl (d:
+bf16 runs at once, baseline, μ-centering, float32 head at η = 0.1 and 0.3, as many steps as fit,
+‖μ‖, l̄, h̄·μ̂ logged; merged every 2 s), e_step.json (e: 221M, baseline, in what time is left);
+phases.jsonl (the machine, its compute mode, the commit; each phase's cap, seconds, exit code
+(124: cut at its cap), graph breaks, recompiles; d's plan), gpu_check.log, table.txt. Children
+die with this process, also under SIGKILL (PR_SET_PDEATHSIG); a TERM or INT stops them, merges
+d's logs and writes the table. Set from outside: DEVICE (cuda, cpu), OUT (out/gpu_check), DATA
+(data/shakespeare), SCRATCH (where d's run folders go), PHASES (a b c d e), BUDGET_S.
 
 The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (13 ms at a third of the H200's
-989 TFLOP/s), a 221M step 57.5 (116 ms at half); a cold compile takes 40–120 s a graph and a
-process 10–20 s to start. GPU compute outside d is ~20 s of the 570; starting and compiling cost:
-  a  start 20 + one cold graph 40–120 (μ-centering's forward is the baseline's) =  60–140 s
-  b  start 20 + 4 graphs at 20–40 (the baseline's and the shared kernels cached) = 100–180 s
-  c  start 20 + eager: 2 widths × ~20 paths × 22 runs of ~15 ms                 =  30–45 s
-  d  start 20 + the evaluation graph, cold: 40–120 s, + its steps
-  e  start 20 + the 221M graph, cold: 80–120, + 23 steps × 116 ms               = 100–140 s
-BUDGET_S 540 leaves 30 s for the table and the kill. Caps are SHARES of the time left: a may
-take 0.6 × 540 = 324 s, twice its worst case (no fixed cap cuts it); b 0.6 of the rest (after a
-at 140 s: 240 s); c 0.3; d 0.75, its plan filling SLACK = 80% of that; e what is left.
+989 TFLOP/s), a 221M step 57.5 (116 ms at half); a cold compile 40–120 s a graph; a process
+10–20 s to start. GPU compute outside d is ~20 s of the 570; starting and compiling cost:
+  a  start 20 + one cold graph 40–120 (μ-centering's forward is the baseline's)  =  60–140 s
+  b  start 20 + 4 more graphs, 20–40 s each with the kernels cached (assumed)     = 100–180 s
+  c  start 20 + eager: 2 widths × ~25 paths × 13 runs of ~15 ms, float64 checks  =  30–45 s
+  d  start 20 + the evaluation graph, cold (no phase before compiles it), 40–120 s, + steps
+  e  start 20 + the 221M graph, cold, 80–120, + 23 steps × 116 ms                = 100–140 s
+BUDGET_S 540 leaves 30 s for the table and the kill. A cap is a share of the time left (SHARES):
+a may take 0.6 × 540 = 324 s, over twice its worst case; b 0.6 of the rest (after a at 140 s:
+240 s); c 0.3; d 0.65, its plan filling SLACK of it; e all the rest (d ends early: more for e).
 """
 import functools
 import hashlib
@@ -61,7 +59,8 @@ PHASES = [  # name, its file under $OUT, bench.py's options (phase d: train.py's
     ("a", "a_step.json", lambda p: dict(compile=True, sizes=p["size"],
                                         heads=["baseline", "mu_center"], no_eval=True)),
     ("b", "b_heads.json", lambda p: dict(compile=p["compile"], sizes=p["size"], no_eval=True,
-                                         heads=["soft_cap", "z_loss", "mu_loss"], float32_head=True)),
+                                         heads=["soft_cap", "z_loss", "mu_loss"],
+                                         float32_head=True)),
     ("c", "c_head_alone.json", lambda p: dict(
         compile=False, no_train=True, sizes=p["c_sizes"], heads=p["c_heads"], chunk_size=4096,
         loss_paths=["plain", "chunked"], loss_tokens=p["c_tokens"])),
@@ -77,7 +76,7 @@ PROCESS_BYTES = 2**30  # a process's own: the CUDA context, torch's libraries
 SLACK = 0.8          # the share of a plan's time, after its fixed costs, that its steps fill
 
 
-def flags(**options):  # command-line options: True → --key, False → --no-key, None or [] → none
+def flags(**options):  # options: True → --key, False → --no-key, None or [] → left out
     out = []
     for key, value in options.items():
         if isinstance(value, bool):
@@ -107,7 +106,8 @@ def capped_run(commands, cap_s, env, tick=lambda: None, grace_s=10):
         while any(p.poll() is None for p in procs):
             if (now := time.monotonic()) - begin >= cap_s:
                 for p in procs:
-                    p.send_signal(signal.SIGKILL if now - begin >= cap_s + grace_s else signal.SIGTERM)
+                    p.send_signal(signal.SIGKILL if now - begin >= cap_s + grace_s else
+                                  signal.SIGTERM)
             if now - last_tick >= 2:
                 tick()
                 last_tick = now
@@ -183,8 +183,9 @@ def merge_long(scratch, out):
         config, folder = json.loads(config_path.read_text()), config_path.parent
         run = {"run": folder.name, **{k: config.get(k) for k in ("head", "lr", "head_dtype",
                                                                 "compile_failed")}}
-        lines = (folder / "log.jsonl").read_text().splitlines() if (folder / "log.jsonl").exists() else []
-        rows += [run | json.loads(line) for line in lines if line.endswith("}")]
+        log = folder / "log.jsonl"
+        rows += [run | json.loads(line) for line in (log.read_text().splitlines() if log.exists()
+                                                     else []) if line.endswith("}")]
         if (folder / "summary.json").exists():
             rows.append(run | {"summary": json.loads((folder / "summary.json").read_text())})
     if rows:
@@ -203,13 +204,11 @@ def table(out, phases):
               f"{fmt(r['peak_reserved_bytes'], '.2f', 2**-30)}), warm-up {r['warmup_s']:.0f} s")
              for name in ("a_step.json", "b_heads.json", "e_step.json")
              for r in read_json(out / name, "train")]
-    lines += [("c", f"{r['size']} head alone, {r['head']}, {r['loss_impl']}", f"{fmt(r['time_s'], '.1f', 1e3)} "
-               f"ms, peak {fmt(r['peak_mem_bytes'], ',.0f', 2**-20)} MiB, |Δ loss| "
+    lines += [("c", f"{r['size']} head alone, {r['head']}, {r['loss_impl']}",
+               f"{fmt(r['time_s'], '.1f', 1e3)} ms, peak "
+               f"{fmt(r['peak_mem_bytes'], ',.0f', 2**-20)} MiB, |Δ loss| "
                f"{r['loss_err']:.1e}, Δ grad {r['grad_err']:.1e}")
               for r in read_json(out / "c_head_alone.json", "loss_path") if r["head"] == "baseline"]
-    lines += [("c", "anchors compared", ", ".join(r["compared"]) + "; absent: " + ("; ".join(
-        f"{k}: {v}" for k, v in r["absent"].items()) or "none"))
-        for r in phases if r["phase"] == "c_anchors"]
     lines += [("d", "plan", f"{r['runs']} runs × {r['steps']} steps in {r['left_s']:.0f} s")
               for r in phases if r["phase"] == "d_plan"]
     path = out / "d_long.jsonl"
@@ -224,18 +223,6 @@ def table(out, phases):
                       f"‖μ‖ {grew('mu_norm')}, l̄ {grew('logit_mean')}, h̄·μ̂ {grew('h_mu_proj')}"
                       if log else f"no step logged ({end})"))
     return "".join(f"{phase:<2} {what:<40} {text}\n" for phase, what, text in lines)
-
-
-def anchors(out, device):  # which anchors phase c compared, and why the others are absent
-    compared = sorted({r["loss_impl"] for r in read_json(out / "c_head_alone.json", "loss_path")}
-                      - {"plain", "default", "chunked"})
-    reasons = {"F.linear_ce": "needs torch >= 2.13 (this is "
-                              f"{read_json(out / 'c_head_alone.json', 'torch', '?')})"}
-    for name, module in (("liger", "liger_kernel"), ("cce", "cut_cross_entropy")):
-        reasons[name] = "CUDA only" if device == "cpu" else "installed, but bench.py could not " \
-            "use it" if importlib.util.find_spec(module) else f"{module} is not installed"
-    return {"phase": "c_anchors", "compared": compared,
-            "absent": {k: v for k, v in reasons.items() if k not in compared}}
 
 
 def machine(device):
@@ -302,7 +289,8 @@ class Check:
                     "compile": p["compile"], **({"backend": p["backend"]} if p["compile"] else {})}
         runs = [(head, dtype, lr) for lr in p["lrs"] for head, dtype in LONG_RUNS]
         plan = plan_long(runs, measured_steps(self.out, p["size"], settings), cap_s,
-                         self.rows[0]["device_bytes"], tokens, p["width"], p["compile"], p["start_s"])
+                         self.rows[0]["device_bytes"], tokens, p["width"], p["compile"],
+                         p["start_s"])
         self.record({"phase": "d_plan", **plan})
         steps = plan["steps"]
         return [([sys.executable, "train.py", *shape, *flags(
@@ -322,16 +310,16 @@ class Check:
         self.current, commands = name, self.commands(name, path, options, cap_s)
         sizes = {out: Path(out).stat().st_size if Path(out).exists() else 0 for _, out in commands}
         threads = max(1, len(os.sched_getaffinity(0)) // max(1, len(commands)))
-        tick = functools.partial(merge_long, self.scratch, self.out) if name == "d" else lambda: None
+        tick = functools.partial(merge_long, self.scratch, self.out) if name == "d" else \
+            (lambda: None)
         rc = capped_run(commands, cap_s, self.env | {"TORCHINDUCTOR_COMPILE_THREADS": str(threads)},
                         tick) if commands else "nothing fits"
         said = "".join(Path(out).read_text(errors="replace")[n:] for out, n in sizes.items())
         self.current = None
-        self.record({"phase": name, "cap_s": round(cap_s), "seconds": round(time.monotonic() - begin),
+        self.record({"phase": name, "cap_s": round(cap_s),
+                     "seconds": round(time.monotonic() - begin),
                      "rc": rc, "graph_breaks": len(re.findall("(?i)graph break", said)),
                      "recompiles": said.count("Recompiling function")})
-        if name == "c":
-            self.record(anchors(self.out, self.device))
         write_whole(self.out / "table.txt", table(self.out, self.rows))
 
     def finish(self):  # also when stopped: d's logs merged, the log trimmed, the table written

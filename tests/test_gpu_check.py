@@ -210,7 +210,6 @@ def test_the_cpu_rehearsal_at_its_defaults_brings_back_a_row_of_every_phase(tmp_
         [("baseline", "float32")]
     c = json.loads((out / "c_head_alone.json").read_text())["loss_path"]
     assert {r["loss_impl"] for r in c} >= {"plain", "chunked", "F.ce(F.linear)"}
-    assert phases["c_anchors"]["absent"]["liger"] == "CUDA only"
     plan = phases["d_plan"]
     assert plan["runs"] == 3 and plan["measured"] == [True, False, True]  # b has no μ-centering
     long = [r for r in jsonl(out / "d_long.jsonl") if "step" in r]
@@ -272,7 +271,8 @@ def test_the_children_of_a_killed_driver_die_with_it(tmp_path):
     """PR_SET_PDEATHSIG: a driver killed by SIGKILL takes its children along."""
     script = (f"import os, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_check; "
               f"gpu_check.capped_run([({SLEEPER!r}, {str(tmp_path / 'x.out')!r})], 60, os.environ)")
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "MARK": str(tmp_path)})
+    proc = subprocess.Popen([sys.executable, "-c", script],
+                            env={**os.environ, "MARK": str(tmp_path)})
     wait_for(lambda: len(processes_mentioning(str(tmp_path))) == 2, seconds=30)
     proc.kill()
     proc.wait()
@@ -303,8 +303,9 @@ def test_the_plan_is_priced_from_rows_measured_as_its_runs_run(tmp_path):
     write_bench(tmp_path / "b_heads.json", [bench_row("baseline", step_s=9.0)], vocab_size=2048)
     settings = {"seq_len": 8, "micro_batch": 2, "vocab_size": gpu_check.VOCAB, "compile": True}
     measured = gpu_check.measured_steps(tmp_path, "16M", settings)
-    assert list(measured) == [("baseline", "auto")] and measured["baseline", "auto"]["step_s"] == 0.1
-    runs = [("baseline", "auto", "0.1"), ("mu_center", "auto", "0.1"), ("baseline", "float32", "0.1")]
+    assert list(measured) == [("baseline", "auto")]
+    assert measured["baseline", "auto"]["step_s"] == 0.1  # not b's, of another vocabulary
+    runs = [(head, dtype, "0.1") for head, dtype in gpu_check.LONG_RUNS]
     step_s, compile_s, _, memory = gpu_check.price(runs[2], measured, 16, 8, True)
     assert step_s == pytest.approx(0.1 + 6 * gpu_check.VOCAB * 8 * 16 / gpu_check.FP32_FLOPS)
     assert compile_s == pytest.approx(10.0 * (1 + gpu_check.EVAL_GRAPH))
