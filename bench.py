@@ -155,12 +155,12 @@ class Variant:
 
     def __init__(self, args, size, head, impl, head_dtype):
         chunk = {"plain": ["--loss_chunk", "0"], "chunked": ["--loss_chunk", str(args.chunk_size)]}
-        self.targs = train.parse_args(
-            ["--size", size, "--head", head, "--head_dtype", head_dtype, "--device", args.device,
-             "--dtype", args.dtype, "--micro_batch", str(args.micro_batch), "--batch_size",
-             str(args.micro_batch), "--seq_len", str(args.seq_len), "--vocab_size",
-             str(args.vocab_size), "--seed", str(SEED), *chunk.get(impl, []),
-             "--compile" if args.compile else "--no-compile", *["--tf32"] * args.tf32])
+        options = dict(size=size, head=head, head_dtype=head_dtype, device=args.device, seed=SEED,
+                       dtype=args.dtype, micro_batch=args.micro_batch, batch_size=args.micro_batch,
+                       seq_len=args.seq_len, vocab_size=args.vocab_size)
+        self.targs = train.parse_args([x for k, v in options.items() for x in (f"--{k}", str(v))]
+                                      + chunk.get(impl, []) + ["--tf32"] * args.tf32
+                                      + ["--compile" if args.compile else "--no-compile"])
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
@@ -348,20 +348,18 @@ def bench_loss_path(args, size, publish):
 
 
 def print_table(title, columns, rows):
-    """title, then the rows right-aligned under columns of (header, key, format, unit)."""
-    lines = [[c[0] for c in columns]] + [["n/a" if r[key] is None else format(r[key] * unit, spec)
-                                          for _, key, spec, unit in columns] for r in rows]
+    """title, then the rows right-aligned under columns of (header, key[, format[, unit]])."""
+    cell = lambda x, spec="", unit=1: "n/a" if x is None else format(x * unit, spec)  # noqa: E731
+    lines = [[c[0] for c in columns]] + [[cell(r[c[1]], *c[2:]) for c in columns] for r in rows]
     widths = [max(map(len, column)) for column in zip(*lines)]
     if rows:
         print(f"\n{title}", *(" ".join(map(str.rjust, line, widths)) for line in lines), sep="\n")
 
 
-MS, PCT, MIB = (".1f", 1e3), ("+.1%", 1), (",.1f", 2**-20)  # a column's format and unit
-
-
 def print_tables(result):
-    args, rows = result["settings"], result["train"]
-    rows = [r | {"label": r["head"] + "+f32" * (r["head_dtype"] == "float32")} for r in rows]
+    args, ms, pct, mib = result["settings"], (".1f", 1e3), ("+.1%",), (",.1f", 2**-20)
+    rows = [r | {"label": r["head"] + "+f32" * (r["head_dtype"] == "float32")}
+            for r in result["train"]]
     setting = (f"{result['device_name']}, {args['dtype']}, "
                f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}")
     labels = args["heads"] + ["baseline+f32"] * args["float32_head"]
@@ -369,28 +367,27 @@ def print_tables(result):
         overheads = {(r["size"], r["label"]): r["overhead"] for r in rows if r["loss_impl"] == impl}
         print_table(f"Additional training time relative to baseline (cf. the paper's Table 2 iii); "
                     f"{setting}, micro-batch {args['micro_batch']} × seq {args['seq_len']}; loss "
-                    f"path: {impl}", [("size", "size", "", 1), *((h, h, *PCT) for h in labels)],
-                    [{"size": size, **{h: overheads[size, h] for h in labels}}
+                    f"path: {impl}", [("size", "size"), *((h, h, *pct) for h in labels)],
+                    [{"size": size} | {h: overheads[size, h] for h in labels}
                      for size in args["sizes"]])
     print_table(f"Training steps; {setting}", [
-        ("size", "size", "", 1), ("head", "label", "", 1), ("loss", "loss_impl", "", 1),
-        ("step ms", "step_s", *MS), ("eval ms", "eval_s", *MS), ("tokens/s", "tokens_per_s",
-        ",.0f", 1), ("MFU", "mfu", ".1%", 1), ("peak MiB", "peak_mem_bytes", *MIB),
-        ("vs plain", "vs_plain", *PCT), ("mem ÷", "mem_reduction", ".1f", 1)], rows)
+        ("size", "size"), ("head", "label"), ("loss", "loss_impl"), ("step ms", "step_s", *ms),
+        ("eval ms", "eval_s", *ms), ("tokens/s", "tokens_per_s", ",.0f"), ("MFU", "mfu", ".1%"),
+        ("peak MiB", "peak_mem_bytes", *mib), ("vs plain", "vs_plain", *pct),
+        ("mem ÷", "mem_reduction", ".1f")], rows)
     print_table(f"LM head alone, forward + backward; {setting}; peak memory: "
                 f"{result['memory_measure']}; × torch op: time / baseline's "
-                f"F.linear_cross_entropy's; errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)", [
-                    ("tokens", "tokens", "", 1), ("V", "vocab", "", 1), ("D", "dim", "", 1),
-                    ("head", "head", "", 1), ("path", "loss_impl", "", 1), ("ms", "time_s", *MS),
-                    ("× torch op", "vs_torch_op", ".2f", 1), ("peak MiB", "peak_mem_bytes", *MIB),
-                    ("|Δ loss|", "loss_err", ".1e", 1), ("Δ grad", "grad_err", ".1e", 1)],
-                result["loss_path"])
+                f"F.linear_cross_entropy's; errors against heads.py's plain path in float64 "
+                f"(grad: max |Δ| / max |grad|)", [
+                    ("tokens", "tokens"), ("V", "vocab"), ("D", "dim"), ("head", "head"),
+                    ("path", "loss_impl"), ("ms", "time_s", *ms), ("× torch op", "vs_torch_op",
+                    ".2f"), ("peak MiB", "peak_mem_bytes", *mib), ("|Δ loss|", "loss_err", ".1e"),
+                    ("Δ grad", "grad_err", ".1e")], result["loss_path"])
     print_table(f"Measurements against a training step (baseline); {setting}; log share: a log "
                 f"step / 10 steps (--log_every)", [
-                    ("size", "size", "", 1), ("step ms", "step_s", *MS),
-                    ("log step ms", "log_step_s", *MS), ("log share", "log_share", ".1%", 1),
-                    ("eval ms", "eval_s", *MS), ("final stats s", "final_stats_s", ".2f", 1),
-                    ("over tokens", "stat_tokens", ",", 1)],
+                    ("size", "size"), ("step ms", "step_s", *ms), ("log step ms", "log_step_s",
+                    *ms), ("log share", "log_share", ".1%"), ("eval ms", "eval_s", *ms),
+                    ("final stats s", "final_stats_s", ".2f"), ("over tokens", "stat_tokens", ",")],
                 [r | {"log_share": r["log_step_s"] / (10 * r["step_s"])}
                  for r in result["measure"]])
 
