@@ -208,7 +208,8 @@ def table(out, phases):
         lines.append(("d", run, f"step {log[-1]['step']} ({end}), loss {log[-1]['loss']:.3f}, ‖μ‖ "
                       f"{grew['mu_norm']}, l̄ {grew['logit_mean']}, h̄·μ̂ {grew['h_mu_proj']}"
                       if log else f"no step logged ({end})"))
-    return "".join(f"{phase:<2} {what:<40} {text}\n" for phase, what, text in lines)
+    return "".join(f"{phase:<2} {what:<40} {text}\n" for phase, what, text in
+                   sorted(lines, key=lambda line: line[0]))  # in the phases' order
 
 
 def output(*argv):  # a command's output, "" where it cannot run
