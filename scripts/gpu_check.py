@@ -26,7 +26,7 @@ The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (13 ms at a third 
   e  start 20 + the 221M graph, cold, 80–120, + 23 steps × 116 ms                = 100–140 s
 BUDGET_S 540 leaves 30 s for the table and the kill. A cap is a share of the time left (SHARES):
 a may take 0.6 × 540 = 324 s, over twice its worst case; b 0.6 of the rest (after a at 140 s:
-240 s); c 0.3; d 0.65, its plan filling SLACK of it; e all the rest (d ends early: more for e).
+240 s); c 0.3; d 0.65, its steps planned to fill SLACK of it; e all the time d leaves.
 """
 import contextlib
 import functools
