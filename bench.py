@@ -25,7 +25,6 @@ import heads
 import runs
 import store
 import train
-from runs import device_memory  # scripts/gpu_check.sh reads it here too
 from model import SIZES
 
 # CUDA: the paper's micro-batch; CPU: small, where 16 × 2048 tokens would take many seconds
@@ -54,12 +53,14 @@ def parse_args(argv=None):
     a("--vocab_size", type=store.positive_int, default=VOCAB_SIZE, help="V")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help="as train.py")
     a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (None: CUDA only)")
+    a("--backend", default="inductor", help="torch.compile's (aot_eager: traced, no code made)")
     a("--tf32", action="store_true", help="TensorFloat-32 for float32 matmuls, as train.py")
     a("--float32_head", action="store_true", help="also time the baseline's --head_dtype float32")
     a("--loss_tokens", type=store.non_negative_int, default=0, help="also time the head alone")
     a("--measure", action="store_true", help="also time a log step, an evaluation, final stats")
     a("--stat_tokens", type=store.positive_int, default=8192, help="tokens of --measure's stats")
     a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
+    a("--no_eval", action="store_true", help="skip timing the evaluation (a graph of its own)")
     a("--json", type=Path, help="write the results here, anew after every variant (atomically)")
     args = p.parse_args(argv)
     device_type = runs.resolve_device(args, p.error)  # cpu or cuda, or one sentence
@@ -84,7 +85,7 @@ def parse_args(argv=None):
 def refuse_what_cannot_fit(args, size, device_type, error):
     """error(one sentence) where a lower bound of the bytes a size needs exceeds the device's: per
     token, a step's ids and a float32 activation per layer; the head alone's h, grad, logits."""
-    have, cfg = device_memory(torch.device(args.device)), SIZES[size]
+    have, cfg = runs.device_memory(torch.device(args.device)), SIZES[size]
     tokens, dim = args.micro_batch * args.seq_len, cfg["n_embd"]
     for need, what, lower in [
             ((not args.no_train or args.measure) * tokens * (16 + 4 * dim * cfg["n_layer"]),
@@ -154,16 +155,17 @@ class Variant:
 
     def __init__(self, args, size, head, impl, head_dtype):
         chunk = {"plain": ["--loss_chunk", "0"], "chunked": ["--loss_chunk", str(args.chunk_size)]}
-        self.targs = train.parse_args(
-            ["--size", size, "--head", head, "--head_dtype", head_dtype, "--device", args.device,
-             "--dtype", args.dtype, "--micro_batch", str(args.micro_batch), "--batch_size",
-             str(args.micro_batch), "--seq_len", str(args.seq_len), "--vocab_size",
-             str(args.vocab_size), "--seed", str(SEED), *chunk.get(impl, []),
-             "--compile" if args.compile else "--no-compile", *["--tf32"] * args.tf32])
+        options = dict(size=size, head=head, head_dtype=head_dtype, device=args.device, seed=SEED,
+                       dtype=args.dtype, micro_batch=args.micro_batch, batch_size=args.micro_batch,
+                       seq_len=args.seq_len, vocab_size=args.vocab_size)
+        self.targs = train.parse_args([x for k, v in options.items() for x in (f"--{k}", str(v))]
+                                      + chunk.get(impl, []) + ["--tf32"] * args.tf32
+                                      + ["--compile" if args.compile else "--no-compile"])
         self.device = torch.device(args.device)
         self.raw = train.build_model(self.targs).to(self.device)
         self.optimizer = train.make_optimizer(self.raw, self.targs)
-        self.model = torch.compile(self.raw) if self.targs.compile else self.raw
+        self.model = (torch.compile(self.raw, backend=args.backend) if self.targs.compile
+                      else self.raw)
         self.amp = train.autocast(self.device, self.targs.dtype)
         self.ctx = runs.Dist(0, 0, 1, self.device)  # one process
         tokens = torch.randint(0, args.vocab_size, (args.micro_batch, args.seq_len + 1),
@@ -201,14 +203,14 @@ def bench_size(args, size, publish):
     for key in keys:
         variant = variants[key] = Variant(args, size, *key)
         warmup_s = sum(timed(device, variant.run_step) for _ in range(args.warmup))
-        eval_warmup_s = timed(device, variant.run_eval)  # the first of each compiles
         alone[key] = [timed(device, variant.run_step) for _ in range(args.steps)]
         peak_bytes, reserved = peak_memory(device, variant.run_step, reserved=True)
+        eval_warmup_s, eval_s = (None, None) if args.no_eval else (  # the first one compiles
+            timed(device, variant.run_eval), timed(device, variant.run_eval, args.steps))
         extra[key] = {"params": variant.raw.num_params(),
                       "flops_per_token": variant.raw.flops_per_token(args.seq_len),
                       "peak_mem_bytes": peak_bytes, "peak_reserved_bytes": reserved,
-                      "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s,
-                      "eval_s": timed(device, variant.run_eval, args.steps)}
+                      "warmup_s": warmup_s, "eval_warmup_s": eval_warmup_s, "eval_s": eval_s}
         publish(rows(alone, "alone"))
     publish(rows(round_robin(keys, lambda key: timed(device, variants[key].run_step),
                              args.steps), "in turns"))
@@ -329,7 +331,8 @@ def bench_loss_path(args, size, publish):
                            for g, r in zip(grads, ref_grads))
             errs[name, path] = {"loss_err": float((loss - ref).abs()), "grad_err": grad_err}
             works[name, path] = functools.partial(
-                loss_and_grads, torch.compile(loss_fn) if args.compile else loss_fn, h, weight)
+                loss_and_grads, torch.compile(loss_fn, backend=args.backend) if args.compile
+                else loss_fn, h, weight)
             for _ in range(args.warmup):
                 works[name, path]()
     samples = round_robin(list(works), lambda key: timed(device, works[key]), args.steps)
@@ -344,49 +347,49 @@ def bench_loss_path(args, size, publish):
     publish(rows)
 
 
+def print_table(title, columns, rows):
+    """title, then the rows right-aligned under columns of (header, key[, format[, unit]])."""
+    cell = lambda x, spec="", unit=1: "n/a" if x is None else format(x * unit, spec)  # noqa: E731
+    lines = [[c[0] for c in columns]] + [[cell(r[c[1]], *c[2:]) for c in columns] for r in rows]
+    widths = [max(map(len, column)) for column in zip(*lines)]
+    if rows:
+        print(f"\n{title}", *(" ".join(map(str.rjust, line, widths)) for line in lines), sep="\n")
+
+
 def print_tables(result):
-    args, rows = result["settings"], result["train"]
-    mib = lambda n: "n/a" if n is None else f"{n / 2**20:,.1f} MiB"  # noqa: E731
-    pct = lambda x: "" if x is None else f"{100 * x:+.1f}%"  # noqa: E731
-    label = lambda r: r["head"] + ("+f32" if r.get("head_dtype") == "float32" else "")  # noqa
+    args, ms, pct, mib = result["settings"], (".1f", 1e3), ("+.1%",), (",.1f", 2**-20)
+    rows = [r | {"label": r["head"] + "+f32" * (r["head_dtype"] == "float32")}
+            for r in result["train"]]
     setting = (f"{result['device_name']}, {args['dtype']}, "
                f"{'compiled' if args['compile'] else 'eager'}, median of {args['steps']}")
-    if rows:
-        print(f"\nAdditional training time relative to baseline (cf. the paper's Table 2 iii); "
-              f"{setting}, micro-batch {args['micro_batch']} × seq {args['seq_len']}")
-        columns = args["heads"] + ["baseline+f32"] * args["float32_head"]
-        for impl in args["impls"]:
-            print(f"loss path: {impl}\n{'size':>6} " + " ".join(f"{h:>10}" for h in columns))
-            for size in args["sizes"]:
-                cells = {label(r): r for r in rows if (r["size"], r["loss_impl"]) == (size, impl)}
-                print(f"{size:>6} " + " ".join(f"{pct(cells[h]['overhead']):>10}" for h in columns))
-        print(f"\n{'size':>6} {'head':>12} {'loss':>8} {'step ms':>9} {'eval ms':>8} "
-              f"{'tokens/s':>10} {'MFU':>6} {'peak mem':>10} {'vs plain':>9} {'mem ÷':>6}")
-        for r in rows:
-            mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            ratio = "" if r["mem_reduction"] is None else f"{r['mem_reduction']:.1f}×"
-            print(f"{r['size']:>6} {label(r):>12} {r['loss_impl']:>8} {1e3 * r['step_s']:>9.1f} "
-                  f"{1e3 * r['eval_s']:>8.1f} {r['tokens_per_s']:>10,.0f} {mfu:>6} "
-                  f"{mib(r['peak_mem_bytes']):>10} {pct(r['vs_plain']):>9} {ratio:>6}")
-    if result["loss_path"]:
-        print(f"\nLM head alone, forward + backward; {setting}; peak memory: "
-              f"{result['memory_measure']}; × torch op: time / baseline's F.linear_cross_entropy's;"
-              f" errors against heads.py's plain path in float64 (grad: max |Δ| / max |grad|)\n"
-              f"{'tokens':>7} {'V':>6} {'D':>5} {'head':>10} {'path':>15} {'ms':>8} "
-              f"{'× torch op':>10} {'peak mem':>10} {'|Δ loss|':>9} {'Δ grad':>9}")
-        for r in result["loss_path"]:
-            ratio = "" if r["vs_torch_op"] is None else f"{r['vs_torch_op']:.2f}"
-            print(f"{r['tokens']:>7} {r['vocab']:>6} {r['dim']:>5} {r['head']:>10} "
-                  f"{r['loss_impl']:>15} {1e3 * r['time_s']:>8.1f} {ratio:>10} "
-                  f"{mib(r['peak_mem_bytes']):>10} {r['loss_err']:>9.1e} {r['grad_err']:>9.1e}")
-    if result["measure"]:
-        print(f"\nMeasurements against a training step (baseline); {setting}; log share: a log "
-              f"step / 10 steps (--log_every)\n{'size':>6} {'step ms':>9} {'log step ms':>12} "
-              f"{'log share':>10} {'eval ms':>8} {'final stats s':>14} {'over tokens':>12}")
-        for r in result["measure"]:
-            print(f"{r['size']:>6} {1e3 * r['step_s']:>9.1f} {1e3 * r['log_step_s']:>12.1f} "
-                  f"{r['log_step_s'] / (10 * r['step_s']):>10.1%} {1e3 * r['eval_s']:>8.1f} "
-                  f"{r['final_stats_s']:>14.2f} {r['stat_tokens']:>12,}")
+    labels = args["heads"] + ["baseline+f32"] * args["float32_head"]
+    for impl in args["impls"] if rows else []:
+        overheads = {(r["size"], r["label"]): r["overhead"] for r in rows if r["loss_impl"] == impl}
+        print_table(f"Additional training time relative to baseline (cf. the paper's Table 2 iii); "
+                    f"{setting}, micro-batch {args['micro_batch']} × seq {args['seq_len']}; loss "
+                    f"path: {impl}", [("size", "size"), *((h, h, *pct) for h in labels)],
+                    [{"size": size} | {h: overheads[size, h] for h in labels}
+                     for size in args["sizes"]])
+    print_table(f"Training steps; {setting}", [
+        ("size", "size"), ("head", "label"), ("loss", "loss_impl"), ("step ms", "step_s", *ms),
+        ("eval ms", "eval_s", *ms), ("tokens/s", "tokens_per_s", ",.0f"), ("MFU", "mfu", ".1%"),
+        ("peak MiB", "peak_mem_bytes", *mib), ("vs plain", "vs_plain", *pct),
+        ("mem ÷", "mem_reduction", ".1f")], rows)
+    print_table(f"LM head alone, forward + backward; {setting}; peak memory: "
+                f"{result['memory_measure']}; × torch op: time / baseline's "
+                f"F.linear_cross_entropy's; errors against heads.py's plain path in float64 "
+                f"(grad: max |Δ| / max |grad|)", [
+                    ("tokens", "tokens"), ("V", "vocab"), ("D", "dim"), ("head", "head"),
+                    ("path", "loss_impl"), ("ms", "time_s", *ms), ("× torch op", "vs_torch_op",
+                    ".2f"), ("peak MiB", "peak_mem_bytes", *mib), ("|Δ loss|", "loss_err", ".1e"),
+                    ("Δ grad", "grad_err", ".1e")], result["loss_path"])
+    print_table(f"Measurements against a training step (baseline); {setting}; log share: a log "
+                f"step / 10 steps (--log_every)", [
+                    ("size", "size"), ("step ms", "step_s", *ms), ("log step ms", "log_step_s",
+                    *ms), ("log share", "log_share", ".1%"), ("eval ms", "eval_s", *ms),
+                    ("final stats s", "final_stats_s", ".2f"), ("over tokens", "stat_tokens", ",")],
+                [r | {"log_share": r["log_step_s"] / (10 * r["step_s"])}
+                 for r in result["measure"]])
 
 
 def allow_recompiles(config, limit=64):

@@ -44,7 +44,7 @@ def test_tiny_cpu_run_writes_every_variant_with_sane_values(tiny_run):
         assert r["mfu"] is None  # no peak FLOP/s is known for a CPU
         assert r["flops_per_token"] > 6 * r["params"]  # 6N plus attention
         assert r["peak_mem_bytes"] is None or r["peak_mem_bytes"] >= 0
-        assert r["peak_reserved_bytes"] is None  # CUDA's allocator slack: gpu_check.sh reads it
+        assert r["peak_reserved_bytes"] is None  # CUDA's allocator slack: gpu_check.py reads it
         assert (r["vs_plain"] is None) == (r["loss_impl"] == "plain")
         assert r["timing"] == "in turns" and r["warmup_s"] > 0 and r["eval_s"] > 0
     baseline = [r for r in rows if r["head"] == "baseline"]
@@ -132,7 +132,7 @@ def test_cuda_without_a_gpu_is_one_clear_error():
 
 
 def test_rows_are_published_after_every_variant_then_once_more_timed_in_turns():
-    """So that a run stopped by a time limit (scripts/gpu_check.sh caps every phase) keeps the
+    """So that a run stopped by a time limit (scripts/gpu_check.py caps every phase) keeps the
     variants it has measured."""
     args = bench.parse_args([*TINY, "--heads", "baseline", "z_loss", "--loss_paths", "plain",
                              "chunked", "--steps", "1", "--warmup", "0"])

@@ -1,5 +1,6 @@
-"""The GPU path, checked where a CPU can: scripts/gpu_check.sh's CPU rehearsal writes every file
-of a GPU check, and a TERM or a KILL leaves what it measured and no process behind; float32 is
+"""The GPU path, checked where a CPU can: scripts/gpu_check.py's CPU rehearsal at its own defaults
+brings back a row of every phase, a TERM or a KILL leaves what it measured and no process behind,
+and its planner, merge and table on made-up rows; float32 is
 float32 (TF32 only when asked); a failed compile is said in one line and recorded; the first
 throughput window leaves out the step that compiles; the chunked loss stays eager under
 torch.compile; the peaks of the NVL boards."""
@@ -23,6 +24,8 @@ import runs
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_check  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -133,25 +136,6 @@ def text_data(tmp_path_factory):
     return out
 
 
-def rehearsal(tmp_path, text_data, **settings):
-    """DEVICE=cpu bash scripts/gpu_check.sh, started; its caps raised (on a busy shared machine
-    the rehearsal's own could cut), inductor's cache kept between test runs (a graph that
-    changed compiles again)."""
-    env = {**os.environ, "DEVICE": "cpu", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
-           "SCRATCH": str(tmp_path / "scratch"), "DATA": str(text_data), "BUDGET_S": "1500",
-           "CAP_A": "300", "CAP_B": "300", "CAP_C": "300", "CAP_E": "300",
-           "TORCHINDUCTOR_CACHE_DIR": str(ROOT / ".pytest_cache" / "inductor"), **settings}
-    return subprocess.Popen(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for(condition, seconds=300):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "gave up waiting"
-        time.sleep(0.2)
-
-
 def jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -169,87 +153,212 @@ def processes_mentioning(text):
     return found
 
 
-def test_the_cpu_rehearsal_of_gpu_check_writes_every_file_of_a_gpu_check(tmp_path, text_data):
-    """Every phase runs (tiny, a few steps; phase a compiled by inductor, the graph of CUDA's
-    default path) and leaves the files a GPU check brings back: at most 8, each under 16 MiB,
-    directly under $OUT, with phase d's plan inside the time it was given."""
-    proc = rehearsal(tmp_path, text_data, D_STEPS="2")
-    printed, _ = proc.communicate(timeout=1500)
-    assert proc.returncode == 0, printed
+def wait_for(condition, seconds=300):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.1)
+
+
+def driver(tmp_path, data, **settings):
+    """`DEVICE=cpu python scripts/gpu_check.py` at its own defaults, inductor's cache cold."""
+    env = {**os.environ, "DEVICE": "cpu", "OUT": str(tmp_path / "out"), "DATA": str(data),
+           "SCRATCH": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           **settings}
+    return subprocess.Popen([sys.executable, "scripts/gpu_check.py"], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def rows_now(out):
+    """{file: its rows} of every result file under out, each parsed whole (a half-written file
+    raises): bench.py's JSON by its lists, the .jsonl files by their lines."""
+    rows = {}
+    for path in out.glob("*.json*"):
+        if path.suffix == ".json":
+            result = json.loads(path.read_text())
+            rows[path.name] = len(result["train"]) + len(result["loss_path"])
+        elif path.suffix == ".jsonl":
+            rows[path.name] = len(jsonl(path))
+    return rows
+
+
+def test_the_cpu_rehearsal_at_its_defaults_brings_back_a_row_of_every_phase(tmp_path, text_data):
+    """Every phase publishes rows as it measures them: read at any moment, every file parses
+    and no row measured before is gone; at the end a row of every phase, in at most 8 files."""
+    proc, seen = driver(tmp_path, text_data), {}
     out = tmp_path / "out"
-    files = sorted(path.name for path in out.rglob("*"))
+    while proc.poll() is None:
+        for name, count in rows_now(out).items():
+            assert count >= seen.get(name, 0), name
+            seen[name] = count
+        time.sleep(0.1)
+    printed = proc.stdout.read()
+    assert proc.returncode == 0, printed
+    files = sorted(path.name for path in out.iterdir())
     assert files == ["a_step.json", "b_heads.json", "c_head_alone.json", "d_long.jsonl",
                      "e_step.json", "gpu_check.log", "phases.jsonl", "table.txt"]
-    assert all((out / name).stat().st_size < 16 * 2**20 for name in files)
     phases = {row["phase"]: row for row in jsonl(out / "phases.jsonl")}
-    assert [phases[p]["rc"] for p in "abcde"] == [0, 0, 0, 0, 0], phases
+    assert phases["env"]["py_sha256"] and "compute_mode" in phases["env"]
+    assert phases["a"]["graph_breaks"] == 0, (out / "gpu_check.log").read_text()
     a = json.loads((out / "a_step.json").read_text())
-    assert a["settings"]["compile"] and a["settings"]["loss_paths"] == ["plain"]
-    assert [(r["head"], r["timing"]) for r in a["train"]] == [("baseline", "in turns")]
-    assert phases["a"]["graph_breaks"] == 0
-    log = (out / "gpu_check.log").read_text()
-    a_log = log[:log.index("== b")]  # one graph for the step, one for the no-grad evaluation
-    assert a_log.count("Recompiling function") == a_log.count("GLOBAL_STATE changed: grad_mode") \
-        <= 1
+    assert a["settings"]["compile"] and a["settings"]["no_eval"]
+    assert [r["head"] for r in a["train"]] == ["baseline", "mu_center"]
+    assert all(r["tokens_per_s"] > 0 and r["peak_mem_bytes"] for r in a["train"])
     b = json.loads((out / "b_heads.json").read_text())["train"]
     assert [(r["head"], r["head_dtype"]) for r in b] == \
-        [(h, "auto") for h in heads.HEADS] + [("baseline", "float32")]
+        [(h, "auto") for h in ("baseline", "soft_cap", "z_loss", "mu_loss")] + \
+        [("baseline", "float32")]
     c = json.loads((out / "c_head_alone.json").read_text())["loss_path"]
     assert {r["loss_impl"] for r in c} >= {"plain", "chunked", "F.ce(F.linear)"}
-    anchors = phases["c_anchors"]
-    assert sorted(anchors["compared"] + list(anchors["absent"])) == \
-        ["F.ce(F.linear)", "F.linear_ce", "cce", "liger"]
-    assert anchors["absent"]["liger"] == anchors["absent"]["cce"] == "CUDA only"
-    if not fused_loss.TORCH_OP:
-        assert anchors["absent"]["F.linear_ce"].startswith("needs torch >= 2.13")
     plan = phases["d_plan"]
-    assert (plan["runs"], plan["steps"]) == (3, 2) and set(plan["how"].values()) == {"measured"}
-    assert plan["start_s"] + plan["compile_s"] + plan["eval_s"] + plan["summary_s"] + \
-        plan["steps_priced"] * plan["round_s"] <= plan["left_s"]
-    long = jsonl(out / "d_long.jsonl")
-    runs_logged = {r["run"] for r in long if "step" in r}
-    assert runs_logged == {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
-                           "baseline_float32_lr0.3"}
-    assert all({"mu_norm", "logit_mean", "h_mu_proj", "prec_ce_gap"} <= set(r)
-               for r in long if "step" in r)
-    assert {r["run"] for r in long if "summary" in r} == runs_logged
+    assert plan["runs"] == 3 and plan["measured"] == [True, False, True]  # b has no μ-centering
+    long = [r for r in jsonl(out / "d_long.jsonl") if "step" in r]
+    assert {r["run"] for r in long} == {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
+                                        "baseline_float32_lr0.3"}
+    assert all({"mu_norm", "logit_mean", "h_mu_proj"} <= set(r) for r in long)
     e = json.loads((out / "e_step.json").read_text())["train"]
-    assert [(r["size"], r["head"]) for r in e] == [("small", "baseline")]
+    assert [(r["size"], r["head"]) for r in e][:1] == [("small", "baseline")]
     table = (out / "table.txt").read_text()
-    assert table in printed and table.count("\nd ") == 4 and table.count("\nb ") == 6
+    assert table in printed and table.count("\nd ") == 4
+    assert not processes_mentioning(str(tmp_path))
 
 
-def test_a_term_during_a_phase_stops_it_and_keeps_what_it_measured(tmp_path, text_data):
-    """SIGTERM while phase b's bench.py measures: the script stops it at once (not when the
-    phase ends), records b as stopped, writes the table and exits 143; nothing is left running."""
-    proc = rehearsal(tmp_path, text_data, PHASES="b")
+def test_a_kill_during_the_training_runs_leaves_their_rows_and_no_process(tmp_path, text_data):
+    """SIGKILL, which nothing can catch, while phase d's three runs train: d_long.jsonl holds
+    their log rows merged so far, whole, and the runs die with the driver."""
+    proc = driver(tmp_path, text_data, PHASES="b d")  # b: the rows d is priced from
+    long = tmp_path / "out" / "d_long.jsonl"
+    wait_for(lambda: proc.poll() is not None or long.exists() and '"step"' in long.read_text())
+    assert proc.poll() is None, proc.communicate()[0]
+    proc.kill()
+    proc.communicate(timeout=60)
+    rows = jsonl(long)
+    assert {r["run"] for r in rows} <= {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
+                                        "baseline_float32_lr0.3"}
+    assert [r["phase"] for r in jsonl(tmp_path / "out" / "phases.jsonl")] == ["env", "b", "d_plan"]
+    assert json.loads((tmp_path / "out" / "b_heads.json").read_text())["train"]
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=15)
+
+
+def test_a_term_stops_the_phase_records_it_and_writes_the_table(tmp_path, text_data):
+    proc = driver(tmp_path, text_data, PHASES="c")
     log = tmp_path / "out" / "gpu_check.log"
-    wait_for(lambda: log.exists() and "training step: building" in log.read_text())
+    wait_for(lambda: proc.poll() is not None or log.exists() and "LM head alone" in log.read_text())
     proc.send_signal(signal.SIGTERM)
-    printed, _ = proc.communicate(timeout=120)
+    printed, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, printed
-    b = [r for r in jsonl(tmp_path / "out" / "phases.jsonl") if r["phase"] == "b"]
-    assert len(b) == 1 and b[0]["status"] == "stopped"  # no row of b ending by itself
-    assert json.loads((tmp_path / "out" / "b_heads.json").read_text())["settings"]["heads"]
+    phases = jsonl(tmp_path / "out" / "phases.jsonl")
+    assert [r["phase"] for r in phases] == ["env", "c", "total"] and \
+        phases[1]["status"] == "stopped"
     assert (tmp_path / "out" / "table.txt").exists()
     wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=15)
 
 
-def test_a_kill_during_phase_d_leaves_its_merged_logs_and_no_process(tmp_path, text_data):
-    """SIGKILL, which no trap sees, while phase d's runs train: d_long.jsonl already holds
-    their log rows (merged as they grow, whole lines only), and the runs die with the script."""
-    proc = rehearsal(tmp_path, text_data, PHASES="d", D_STEPS="20")
-    long = tmp_path / "out" / "d_long.jsonl"
-    wait_for(lambda: long.exists() and '"step"' in long.read_text())
+SLEEPER = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+           "signal.SIG_IGN); time.sleep(60)"]  # deaf to TERM
+
+
+def test_a_capped_run_is_cut_at_its_cap_and_killed_after_its_grace(tmp_path):
+    ticks = []
+    begin = time.monotonic()
+    rc = gpu_check.capped_run([(SLEEPER, tmp_path / "a.out"), (["true"], tmp_path / "b.out")],
+                              cap_s=1, env=os.environ, tick=lambda: ticks.append(1), grace_s=1)
+    assert rc == 124 and 2 <= time.monotonic() - begin < 10 and ticks
+    assert gpu_check.capped_run([(["false"], tmp_path / "c.out")], 60, os.environ) == 1
+
+
+def test_the_children_of_a_killed_driver_die_with_it(tmp_path):
+    """PR_SET_PDEATHSIG: a driver killed by SIGKILL takes its children along."""
+    script = (f"import os, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_check; "
+              f"gpu_check.capped_run([({SLEEPER!r}, {str(tmp_path / 'x.out')!r})], 60, os.environ)")
+    proc = subprocess.Popen([sys.executable, "-c", script],
+                            env={**os.environ, "MARK": str(tmp_path)})
+    wait_for(lambda: len(processes_mentioning(str(tmp_path))) == 2, seconds=30)
     proc.kill()
-    proc.communicate(timeout=60)
-    rows = jsonl(long)
-    assert rows and all(r["run"] in {"baseline_auto_lr0.3", "mu_center_auto_lr0.3",
-                                     "baseline_float32_lr0.3"} for r in rows)
-    assert not all(any("summary" in r for r in rows if r["run"] == run)
-                   for run in {r["run"] for r in rows})  # killed while they ran
-    assert [r["phase"] for r in jsonl(tmp_path / "out" / "phases.jsonl")] == ["env", "d_plan"]
-    wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=15)
+    proc.wait()
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), seconds=10)
+
+
+def test_flags_spell_out_switches_lists_and_values():
+    assert gpu_check.flags(compile=False, no_eval=True, heads=["a", "b"], steps=1, skip=None,
+                           none=[]) == ["--no-compile", "--no_eval", "--heads", "a", "b",
+                                        "--steps", "1"]
+
+
+def bench_row(head, dtype="auto", step_s=0.1, **extra):
+    return {"size": "16M", "head": head, "head_dtype": dtype, "step_s": step_s, "warmup_s": 10.0,
+            "params": 10**6, "peak_mem_bytes": 2**30, "peak_reserved_bytes": None, **extra}
+
+
+def write_bench(path, rows, **settings):
+    path.write_text(json.dumps({"settings": {"seq_len": 8, "micro_batch": 2, "vocab_size":
+                                             gpu_check.VOCAB, "compile": True, **settings},
+                                "train": rows, "loss_path": []}))
+
+
+def test_the_plan_is_priced_from_rows_measured_as_its_runs_run(tmp_path):
+    """Rows of another vocabulary are not used; an unmeasured float32 head costs its three
+    matmuls in float32; the plan's fixed costs and steps fit in SLACK of the time given."""
+    write_bench(tmp_path / "a_step.json", [bench_row("baseline")])
+    write_bench(tmp_path / "b_heads.json", [bench_row("baseline", step_s=9.0)], vocab_size=2048)
+    settings = {"seq_len": 8, "micro_batch": 2, "vocab_size": gpu_check.VOCAB, "compile": True}
+    measured = gpu_check.measured_steps(tmp_path, "16M", settings)
+    assert list(measured) == [("baseline", "auto")]
+    assert measured["baseline", "auto"]["step_s"] == 0.1  # not b's, of another vocabulary
+    runs = [(head, dtype, "0.1") for head, dtype in gpu_check.LONG_RUNS]
+    step_s, compile_s, _, memory = gpu_check.price(runs[2], measured, 16, 8, True)
+    assert step_s == pytest.approx(0.1 + 6 * gpu_check.VOCAB * 8 * 16 / gpu_check.FP32_FLOPS)
+    assert compile_s == pytest.approx(10.0 * (1 + gpu_check.EVAL_GRAPH))
+    assert memory == 16 * 10**6 + 2**30 + gpu_check.PROCESS_BYTES
+    plan = gpu_check.plan_long(runs, measured, 200, 100 * 2**30, 16, 8, True, 20)
+    assert plan["runs"] == 3 and plan["measured"] == [True, False, False]
+    assert plan["fixed_s"] + plan["steps"] * plan["round_s"] <= \
+        plan["fixed_s"] + gpu_check.SLACK * (200 - plan["fixed_s"])
+    small = gpu_check.plan_long(runs, measured, 200, 5 * 2**30, 16, 8, True, 20)
+    assert small["runs"] == 2 and small["steps"] > plan["steps"]  # memory for two
+    assert gpu_check.plan_long(runs, measured, 30, 100 * 2**30, 16, 8, True, 20)["runs"] == 0
+
+
+def test_merge_keeps_whole_log_lines_and_summaries_by_run(tmp_path):
+    run = tmp_path / "baseline_auto_lr0.3"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"head": "baseline", "lr": 0.3}))
+    (run / "log.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "lo')  # half a line
+    other = tmp_path / "mu_center_auto_lr0.3"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"head": "mu_center", "lr": 0.3}))
+    (other / "summary.json").write_text(json.dumps({"diverged": False}))
+    gpu_check.merge_long(tmp_path, tmp_path)
+    rows = jsonl(tmp_path / "d_long.jsonl")
+    assert [(r["run"], r.get("step"), "summary" in r) for r in rows] == \
+        [("baseline_auto_lr0.3", 1, False), ("mu_center_auto_lr0.3", None, True)]
+
+
+def test_the_table_has_a_line_for_every_row_that_came_back(tmp_path):
+    write_bench(tmp_path / "a_step.json", [bench_row("baseline", tokens_per_s=2e6, mfu=0.3,
+                                                     timing="alone", overhead=0.0)])
+    (tmp_path / "d_long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"run": "x", "step": 1, "loss": 9.0, "mu_norm": 1.0, "logit_mean": 0.5, "h_mu_proj": None},
+        {"run": "x", "step": 9, "loss": 4.0, "mu_norm": 3.0, "logit_mean": -1.0, "h_mu_proj": 0.1},
+        {"run": "x", "summary": {"diverged": False}}, {"run": "y", "head": "mu_center"}]))
+    plan = {"phase": "d_plan", "runs": 2, "steps": 9, "left_s": 100.0}
+    lines = gpu_check.table(tmp_path, [plan]).splitlines()
+    assert lines[0].startswith("a  16M baseline step (alone)") and "2,000,000 tok/s" in lines[0] \
+        and "MFU 30.0%" in lines[0] and "peak 1.00 GiB (reserved n/a)" in lines[0]
+    assert lines[1:] == ["d  plan" + " " * 37 + "2 runs × 9 steps in 100 s",
+                         "d  x" + " " * 40 + "step 9 (finished), loss 4.000, ‖μ‖ 1 → 3, "
+                         "l̄ 0.5 → -1, h̄·μ̂ n/a", "d  y" + " " * 40 + "no step logged (cut)"]
+
+
+def test_the_commit_is_read_from_the_tree_without_git(tmp_path, monkeypatch):
+    """In a copy without .git the row still names the files' contents; one byte changes it."""
+    (tmp_path / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    first = gpu_check.machine("cpu")
+    (tmp_path / "a.py").write_text("x = 2\n")
+    second = gpu_check.machine("cpu")
+    assert first["git_head"] is None and first["py_files"] == 1
+    assert first["py_sha256"] != second["py_sha256"]
 
 
 def test_peak_memory_with_reserved_gives_none_for_a_cpu_beside_the_peak():
