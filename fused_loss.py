@@ -35,8 +35,8 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
     cap_logits and log_z_penalty run inside the chunk loop, each chunk's derivatives of them by
     autograd; regulariser(weight) is added afterwards. The matmul runs in head.matmul_dtype, else
     as autocast says. Torch's op (TORCH_OP) serves the heads whose plain_softmax holds where the
-    matmul is float32 or float64 (in bf16 it would round the loss itself); torch_op=False forces
-    our loop, True torch's op."""
+    matmul is float32 or float64 (in bf16 it would round the loss itself), our loop all others;
+    torch_op=False forces our loop, True asks for torch's op where it serves the head."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
     if torch_op and not TORCH_OP:
@@ -85,10 +85,9 @@ class _ChunkedSoftmaxLoss(torch.autograd.Function):
         ∂CE_r/∂l_rj = p_rj − [j = t_r]                    (softmax minus one-hot)
         ∂φ(log Z_r)/∂l_rj = φ'(log Z_r) · p_rj            (z-loss: φ' = 2λ·log Z_r)
     so  ∂L/∂l_r = (1/n)·[(1 + φ'(log Z_r))·p_r − onehot(t_r)], 0 for ignored tokens, and
-        g_r := ∂L/∂a_r = (∂l_r/∂a_r)ᵀ·∂L/∂l_r           (soft-cap: ⊙ (1 − tanh²(a_r/c)))
-    with φ' and the product with ∂l_r/∂a_r from autograd on the chunk (f acts on each token's
-    logits alone, φ on each log Z_r alone). With G the chunk's rows g_r stacked (C × V), H its
-    rows h_r:
+        g_r := ∂L/∂a_r = ∂L/∂l_r ⊙ f'(a_r)                (soft-cap: f' = 1 − tanh²(a_r/c))
+    with f' and φ' from autograd on the chunk (f acts on each logit alone, φ on each log Z_r
+    alone). With G the chunk's rows g_r stacked (C × V), H its rows h_r:
         ∂L/∂H = G·W          (a_r = W·h_r is linear in h_r)
         ∂L/∂W = Σ_chunks Gᵀ·H (accumulated in float32 across chunks)
     """
@@ -137,18 +136,20 @@ def _matmul(a, b, out, accumulate=False):
 
 
 def _chunk_loss_and_grad(head, raw, targets, keep, row_scale, sums, want_grad):
-    """One chunk of _ChunkedSoftmaxLoss: `raw` (C × V, float32) holds a = W·h and, where the head
-    has no cap, becomes the softmax's buffer (each extra C × V tensor costs a pass over memory);
-    adds (Σ CE_r, Σ φ(log Z_r)) over its kept tokens to `sums`; if want_grad, returns ∂L/∂a."""
+    """One chunk of _ChunkedSoftmaxLoss: `raw` (C × V, float32) holds a = W·h; the softmax runs in
+    place in it, or in the capped logits (each extra C × V tensor costs a pass over memory); adds
+    (Σ CE_r, Σ φ(log Z_r)) over its kept tokens to `sums`; if want_grad, returns g = ∂L/∂a."""
     target_col = targets.clamp(min=0).unsqueeze(1)
     with torch.enable_grad():  # Function.forward runs without grad; the hooks' derivatives need it
         a = raw.detach().requires_grad_(want_grad)
         capped = head.cap_logits(a)
-    logits = capped.detach()
+    slope = None  # ∂l/∂a, elementwise: the ones vector pulled back through the cap
+    if want_grad and capped is not a:
+        slope = torch.autograd.grad(capped, a, torch.ones(()).to(raw).expand_as(raw))[0]
+    logits = capped.detach()  # its graph is freed: the softmax may overwrite it
     target_logit = logits.gather(1, target_col)
     shift = logits.amax(dim=1, keepdim=True)  # max l, so that exp never overflows
-    # exp(l − max l): in place without a cap, beside l with one (the cap's backward may read it)
-    exps = (raw.sub_(shift) if capped is a else logits - shift).exp_()
+    exps = logits.sub_(shift).exp_()  # exp(l − max l)
     sum_exp = exps.sum(dim=1, keepdim=True)
     log_z = (sum_exp.log() + shift).squeeze(1)
     sums[0] += torch.where(keep, log_z - target_logit.squeeze(1), 0.0).sum()
@@ -164,4 +165,4 @@ def _chunk_loss_and_grad(head, raw, targets, keep, row_scale, sums, want_grad):
         scale = scale + torch.autograd.grad(penalty, log_z, row_scale.squeeze(1))[0][:, None]
     g = exps.mul_(scale / sum_exp)
     g.scatter_add_(1, target_col, -row_scale)
-    return g if capped is a else torch.autograd.grad(capped, a, g)[0]
+    return g if slope is None else g.mul_(slope)

@@ -9,7 +9,7 @@ for Stable LLM Pretraining*. Torch only; copy this file alone into any project.
 `weight` is the output embedding: the head's own matrix untied; tied (nanoGPT's default) it is
 also the input embedding, which centering then moves too (MuCenter). Under DDP the weights are
 identical on all ranks, so each rank's `after_step` subtracts the same μ; a sharded weight (FSDP,
-ZeRO) needs μ over all V rows (all-gathered, or the row sums all-reduced), not one shard's.
+ZeRO) needs μ over all V rows (the weight all-gathered, or Σᵢ eᵢ all-reduced), not a shard's.
 `head.loss_path` may replace `forward`, the reference (CUDA's default, --loss_chunk 0), by
 f(head, h, weight, targets) built from the same hooks (fused_loss.py, CPU's default); a path that
 computes only CE of the raw logits (torch's fused op) takes only heads whose `plain_softmax` holds.
@@ -65,7 +65,7 @@ class Head(nn.Module):
     """Baseline LM head: lᵢ = eᵢ·h, loss = mean CE over targets ≠ -1 (Eq. 1–3); no parameters
     of its own (`weight` is passed in). A variant overrides hooks, never `logits` or `forward`
     (a loss path rebuilds them from the hooks): `cap_logits` (a model intervention, out of place,
-    on each token's logits alone), `log_z_penalty` and `regulariser` (terms added to CE) and
+    on each logit alone), `log_z_penalty` and `regulariser` (terms added to CE) and
     `after_step` (a parameter update after the optimizer step).
     """
     name, hparams = "baseline", {}  # hparams: the variant's hyperparameters and their defaults
@@ -83,7 +83,7 @@ class Head(nn.Module):
         return logits
 
     def log_z_penalty(self, log_z):
-        """Each token's term from its own log Z (same shape; the loss adds its mean), or None."""
+        """Per token, a term of its own log Z (same shape), or None; the loss adds the kept mean."""
         return None
 
     def regulariser(self, weight):
