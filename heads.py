@@ -10,9 +10,9 @@ for Stable LLM Pretraining*. Torch only; copy this file alone into any project.
 also the input embedding, which centering then moves too (MuCenter). Under DDP the weights are
 identical on all ranks, so each rank's `after_step` subtracts the same μ; a sharded weight (FSDP,
 ZeRO) needs μ over all V rows (the weight all-gathered, or Σᵢ eᵢ all-reduced), not a shard's.
-`head.loss_path` may replace `forward`, the reference (CUDA's default, --loss_chunk 0), by
-f(head, h, weight, targets) built from the same hooks (fused_loss.py, CPU's default); a path that
-computes only CE of the raw logits (torch's fused op) takes only heads whose `plain_softmax` holds.
+`head.loss_path` may replace forward's plain path (the reference: CUDA's default, --loss_chunk 0)
+by f(head, h, weight, targets) built from the same hooks (fused_loss.py, CPU's default); one
+that computes only CE of the raw logits (torch's fused op) takes only `plain_softmax` heads.
 
 Notation. eᵢ ∈ ℝᴰ is row i of the V × D output embedding `weight`, h ∈ ℝᴰ a final hidden state,
 lᵢ = eᵢ·h the logits (Eq. 3), Z = Σⱼ exp(lⱼ) (Eq. 4), the cross-entropy of target t is
@@ -91,7 +91,7 @@ class Head(nn.Module):
         return None
 
     @property
-    def plain_softmax(self):  # loss = CE of the raw logits + regulariser: the two hooks are Head's
+    def plain_softmax(self):  # the loss is CE of the raw logits + regulariser(weight)
         return (type(self).cap_logits is Head.cap_logits
                 and type(self).log_z_penalty is Head.log_z_penalty)
 
