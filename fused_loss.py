@@ -19,7 +19,7 @@ DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
 # torch's fused op and its options class both arrived in torch 2.13; either missing: our loop
 TORCH_OP = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
-PLAIN_CE_HEADS = ("baseline", "mu_loss", "mu_center")  # nothing but CE inside the softmax
+PLAIN_CE_HEADS = tuple(n for n in heads.HEADS if heads.build(n).plain_softmax)  # for bench.py
 
 
 def loss_path(chunk_size, device_type):
@@ -32,10 +32,11 @@ def loss_path(chunk_size, device_type):
 def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None):
     """head(h, weight, targets) chunk by chunk: same (loss, stats), same gradients.
 
-    Soft-cap and z-loss live inside the chunk loop; μ-loss adds λ·μ·μ afterwards; μ-centering
-    changes nothing in the loss. The matmul runs in head.matmul_dtype, else as autocast says.
-    Torch's op (TORCH_OP) serves the PLAIN_CE_HEADS where the matmul is float32 or float64 (in
-    bf16 it would round the loss itself); torch_op=False forces our loop, True torch's op."""
+    cap_logits and log_z_penalty run inside the chunk loop, each chunk's derivatives of them by
+    autograd; regulariser(weight) is added afterwards. The matmul runs in head.matmul_dtype, else
+    as autocast says. Torch's op (TORCH_OP) serves the heads whose plain_softmax holds where the
+    matmul is float32 or float64 (in bf16 it would round the loss itself), our loop all others;
+    torch_op=False forces our loop, True asks for torch's op where it serves the head."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
     if torch_op and not TORCH_OP:
@@ -47,7 +48,7 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
                                          else torch.promote_types(h.dtype, weight.dtype))
     # Not in Function.forward: there grad mode is off and needs_input_grad True under no_grad.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    use_torch_op = ((TORCH_OP if torch_op is None else torch_op) and head.name in PLAIN_CE_HEADS
+    use_torch_op = ((TORCH_OP if torch_op is None else torch_op) and head.plain_softmax
                     and matmul_dtype in (torch.float32, torch.float64))
     with torch.autocast(device, enabled=False):  # the matmul dtype is chosen above
         if use_torch_op:  # allow_retain_graph: a second backward works, as on the plain path
@@ -57,100 +58,111 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
                                            reduction="sum", ignore_index=heads.IGNORE,
                                            options=options)  # its "mean" is NaN with none kept
             loss = ce = total / (targets != heads.IGNORE).sum().clamp(min=1)
-            reg = torch.zeros_like(ce)
+            reg = None
         else:
-            z_lam = head.lam if head.name == "z_loss" else 0.0
-            loss, ce, reg = _ChunkedSoftmaxLoss.apply(h, weight, targets, head.cap, z_lam,
-                                                      chunk_size, matmul_dtype, want_grad)
-    if head.name == "mu_loss":
-        reg = head.regulariser(weight, None, None)
-        loss = loss + reg
+            loss, ce, reg = _ChunkedSoftmaxLoss.apply(h, weight, targets, head, chunk_size,
+                                                      matmul_dtype, want_grad)
+    weight_term = head.regulariser(weight)
+    if weight_term is not None:
+        loss = loss + weight_term
+        reg = weight_term if reg is None else reg + weight_term
+    reg = torch.zeros_like(ce) if reg is None else reg
     return loss, {"ce": ce.detach(), "reg": reg.detach()}
 
 
 class _ChunkedSoftmaxLoss(torch.autograd.Function):
-    """L = (1/n) Σ_r [CE_r + λ·log²Z_r] over the n tokens r whose target t_r ≠ -1, and ∂L/∂h, ∂L/∂W.
+    """L = (1/n) Σ_r [CE_r + φ(log Z_r)] over the n tokens r whose target t_r ≠ -1, with the head's
+    cap f = head.cap_logits and penalty φ = head.log_z_penalty (f = identity, φ = 0 where absent),
+    and ∂L/∂h, ∂L/∂W.
 
     Per token r, in chunks of rows of h (N, D) against weight W (V, D):
         a_r = W·h_r                      raw logits: matmul in bf16 under autocast, then float32
-        l_r = c·tanh(a_r/c)              with a soft-cap c; l_r = a_r without one
+        l_r = f(a_r)                     soft-cap: c·tanh(a_r/c)
         log Z_r = log Σⱼ exp(l_rj),      p_r = softmax(l_r) = exp(l_r − log Z_r)
-        CE_r = log Z_r − l_r,t           z_r = λ·log²Z_r  (λ = 0 unless z-loss)
+        CE_r = log Z_r − l_r,t           z-loss: φ(log Z_r) = λ·log²Z_r
 
     Gradient w.r.t. the logits, one term at a time:
         ∂CE_r/∂l_rj = p_rj − [j = t_r]                    (softmax minus one-hot)
-        ∂z_r/∂l_rj  = 2λ·log Z_r · ∂log Z_r/∂l_rj = 2λ·log Z_r · p_rj
-        ∂l_rj/∂a_rj = 1 − tanh²(a_rj/c)                   (1 without a cap)
-    so  g_r := ∂L/∂a_r = (1/n)·[(1 + 2λ·log Z_r)·p_r − onehot(t_r)] ⊙ (1 − tanh²(a_r/c)),
-    and g_r = 0 for ignored tokens. With G the chunk's rows g_r stacked (C × V), H its rows h_r:
+        ∂φ(log Z_r)/∂l_rj = φ'(log Z_r) · p_rj            (z-loss: φ' = 2λ·log Z_r)
+    so  ∂L/∂l_r = (1/n)·[(1 + φ'(log Z_r))·p_r − onehot(t_r)], 0 for ignored tokens, and
+        g_r := ∂L/∂a_r = ∂L/∂l_r ⊙ f'(a_r)                (soft-cap: f' = 1 − tanh²(a_r/c))
+    with f' and φ' from autograd on the chunk (f acts on each logit alone, φ on each log Z_r
+    alone). With G the chunk's rows g_r stacked (C × V), H its rows h_r:
         ∂L/∂H = G·W          (a_r = W·h_r is linear in h_r)
         ∂L/∂W = Σ_chunks Gᵀ·H (accumulated in float32 across chunks)
     """
 
     @staticmethod
-    def forward(ctx, h, weight, targets, cap, lam, chunk_size, matmul_dtype, want_grad):
+    def forward(ctx, h, weight, targets, head, chunk_size, matmul_dtype, want_grad):
         acc = heads.compute_dtype(matmul_dtype)  # softmax never below float32
         w, h_low = weight.to(matmul_dtype), h.to(matmul_dtype)
         keep = targets != heads.IGNORE
         n = keep.sum().clamp(min=1).to(acc)  # 0 kept tokens: loss 0, as heads.token_mean
         row_scale = (keep.to(acc) / n)[:, None]  # g's row scale: 1/n for kept tokens, 0 else
         logits = torch.empty(min(chunk_size, len(h)), len(w), dtype=acc, device=h.device)  # reused
-        slope = torch.empty_like(logits) if cap is not None and want_grad else None
-        sums = torch.zeros(2, dtype=acc, device=h.device)  # Σ CE, Σ log²Z over kept tokens
+        sums = torch.zeros(2, dtype=acc, device=h.device)  # Σ CE_r, Σ φ(log Z_r) over kept tokens
         grad_h = torch.empty_like(h_low) if want_grad else None
         grad_w = torch.zeros_like(w, dtype=acc) if want_grad else None
         for start in range(0, h.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             h_c = h_low[rows]
             buf = logits[:len(h_c)]
-            _matmul(h_c, w.t(), out=buf, alpha=1.0 if cap is None else 1 / cap)  # a or a/c
-            g = _chunk_loss_and_grad(buf, targets[rows], keep[rows], row_scale[rows], cap, lam,
-                                     sums, want_grad, None if slope is None else slope[:len(h_c)])
+            _matmul(h_c, w.t(), out=buf)
+            g = _chunk_loss_and_grad(head, buf, targets[rows], keep[rows], row_scale[rows], sums,
+                                     want_grad)
             if want_grad:
                 g = g.to(matmul_dtype)
                 torch.mm(g, w, out=grad_h[rows])
                 _matmul(g.t(), h_c, out=grad_w, accumulate=True)
         if want_grad:
             ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
-        ce, reg = sums[0] / n, lam * sums[1] / n
-        ctx.mark_non_differentiable(ce, reg)
-        return ce + reg, ce, reg
+        ce, penalty = sums[0] / n, sums[1] / n
+        ctx.mark_non_differentiable(ce, penalty)
+        return ce + penalty, ce, penalty
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_reg):
-        return (*(grad_loss * g for g in ctx.saved_tensors), None, None, None, None, None, None)
+    def backward(ctx, grad_loss, _grad_ce, _grad_penalty):
+        return (*(grad_loss * g for g in ctx.saved_tensors), None, None, None, None, None)
 
 
-def _matmul(a, b, out, accumulate=False, alpha=1.0):
-    """out = α·a·b (or out += a·b) in place, also where a and b are bf16 and out float32."""
-    if a.dtype == out.dtype:  # the scale α rides along in the matmul, without its own pass
-        torch.addmm(out, a, b, beta=1 if accumulate else 0, alpha=alpha, out=out)
+def _matmul(a, b, out, accumulate=False):
+    """out = a·b (or out += a·b) in place, also where a and b are bf16 and out float32."""
+    if a.dtype == out.dtype:
+        torch.addmm(out, a, b, beta=1 if accumulate else 0, out=out)
     elif accumulate:
         out += a @ b
-    else:  # the product rounded once to bf16, as the plain path's F.linear, then scaled in float32
+    else:  # the product rounded once to bf16, as the plain path's F.linear
         out.copy_(a @ b)
-        if alpha != 1:
-            out.mul_(alpha)
 
 
-def _chunk_loss_and_grad(logits, targets, keep, row_scale, cap, lam, sums, want_grad, slope):
-    """One chunk of _ChunkedSoftmaxLoss in place in `logits` (C × V, float32: a, or a/c with a cap;
-    each extra C × V tensor costs a pass over memory): adds (Σ CE_r, Σ log²Z_r) over its kept
-    tokens to `sums`; if want_grad, returns g = ∂L/∂a in that buffer (`slope`: a second one)."""
+def _chunk_loss_and_grad(head, raw, targets, keep, row_scale, sums, want_grad):
+    """One chunk of _ChunkedSoftmaxLoss: `raw` (C × V, float32) holds a = W·h; the softmax runs in
+    place in it, or in the capped logits (each extra C × V tensor costs a pass over memory); adds
+    (Σ CE_r, Σ φ(log Z_r)) over its kept tokens to `sums`; if want_grad, returns g = ∂L/∂a."""
     target_col = targets.clamp(min=0).unsqueeze(1)
-    if cap is not None:  # l = c·tanh(a/c), ∂l/∂a = 1 − tanh²(a/c)
-        capped = logits.tanh_()
-        if want_grad:
-            torch.mul(capped, capped, out=slope).neg_().add_(1)
-        capped.mul_(cap)
+    with torch.enable_grad():  # Function.forward runs without grad; the hooks' derivatives need it
+        a = raw.detach().requires_grad_(want_grad)
+        capped = head.cap_logits(a)
+    slope = None  # ∂l/∂a, elementwise: the ones vector pulled back through the cap
+    if want_grad and capped is not a:
+        slope = torch.autograd.grad(capped, a, torch.ones(()).to(raw).expand_as(raw))[0]
+    logits = capped.detach()  # its graph is freed: the softmax may overwrite it
     target_logit = logits.gather(1, target_col)
     shift = logits.amax(dim=1, keepdim=True)  # max l, so that exp never overflows
-    sum_exp = logits.sub_(shift).exp_().sum(dim=1, keepdim=True)  # logits: exp(l − max l)
-    log_z = sum_exp.log() + shift
-    sums[0] += torch.where(keep, (log_z - target_logit).squeeze(1), 0.0).sum()
-    sums[1] += torch.where(keep, log_z.squeeze(1).square(), 0.0).sum()
+    exps = logits.sub_(shift).exp_()  # exp(l − max l)
+    sum_exp = exps.sum(dim=1, keepdim=True)
+    log_z = (sum_exp.log() + shift).squeeze(1)
+    sums[0] += torch.where(keep, log_z - target_logit.squeeze(1), 0.0).sum()
+    with torch.enable_grad():
+        log_z.requires_grad_(want_grad)
+        penalty = head.log_z_penalty(log_z)
+    if penalty is not None:
+        sums[1] += torch.where(keep, penalty.detach(), 0.0).sum()
     if not want_grad:
         return None
-    g = logits.mul_(row_scale * (1 + 2 * lam * log_z) / sum_exp)  # (1 + 2λ·log Z)·p/n
-    g.scatter_add_(1, target_col, -row_scale)  # − onehot/n
-    return g.mul_(slope) if cap is not None else g
+    scale = row_scale  # ∂L/∂l = p·(1/n)(1 + φ') − onehot/n; autograd gives (1/n)·φ'
+    if penalty is not None:
+        scale = scale + torch.autograd.grad(penalty, log_z, row_scale.squeeze(1))[0][:, None]
+    g = exps.mul_(scale / sum_exp)
+    g.scatter_add_(1, target_col, -row_scale)
+    return g if slope is None else g.mul_(slope)

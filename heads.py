@@ -2,9 +2,17 @@
 for Stable LLM Pretraining*. Torch only; copy this file alone into any project.
 
     head = build("mu_center")                  # or baseline, soft_cap, z_loss, mu_loss
-    loss, stats = head(h, weight, targets)     # h (..., D), weight (V, D), targets (...)
-    loss.backward(); optimizer.step()
-    head.after_step(weight)                    # μ-centering acts here; the others do nothing
+    loss, stats = head(h, weight, targets)     # loss first; stats: detached "ce" and "reg"
+    loss.backward(); optimizer.step()          # h (..., D), weight (V, D), targets (...)
+    head.after_step(weight)                    # on every rank; only μ-centering acts
+
+`weight` is the output embedding: the head's own matrix untied; tied (nanoGPT's default) it is
+also the input embedding, which centering then moves too (MuCenter). Under DDP the weights are
+identical on all ranks, so each rank's `after_step` subtracts the same μ; a sharded weight (FSDP,
+ZeRO) needs μ over all V rows (the weight all-gathered, or Σᵢ eᵢ all-reduced), not a shard's.
+`head.loss_path` may replace forward's plain path (the reference: CUDA's default, --loss_chunk 0)
+by f(head, h, weight, targets) built from the same hooks (fused_loss.py, CPU's default); one
+that computes only CE of the raw logits (torch's fused op) takes only `plain_softmax` heads.
 
 Notation. eᵢ ∈ ℝᴰ is row i of the V × D output embedding `weight`, h ∈ ℝᴰ a final hidden state,
 lᵢ = eᵢ·h the logits (Eq. 3), Z = Σⱼ exp(lⱼ) (Eq. 4), the cross-entropy of target t is
@@ -28,8 +36,6 @@ regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=t
 runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
 head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
 tokens (no NaN); ids are not checked here (that needs a device sync).
-`head.loss_path` may name a function with the same result: fused_loss.py's chunked path, train.py's
-default on CPU; `forward` below is the reference (CUDA's default, and --loss_chunk 0).
 """
 import math
 
@@ -55,20 +61,15 @@ def token_mean(values, keep):
     return torch.where(keep, values, 0.0).sum() / keep.sum().clamp(min=1)
 
 
-# ---------------------------------------------------------------------------------------------
-# the heads
-
 class Head(nn.Module):
-    """Baseline LM head: lᵢ = eᵢ·h, loss = mean CE over targets ≠ -1 (Eq. 1–3).
-
-    A variant overrides at most three hooks: `cap_logits` (model intervention), `regulariser`
-    (the added loss term) and `after_step` (a parameter update after the optimizer step). A
-    head has no parameters of its own: the output embedding `weight` is passed in, so the same
-    head serves tied and untied models.
+    """Baseline LM head: lᵢ = eᵢ·h, loss = mean CE over targets ≠ -1 (Eq. 1–3); no parameters
+    of its own (`weight` is passed in). A variant overrides hooks, never `logits` or `forward`
+    (a loss path rebuilds them from the hooks): `cap_logits` (a model intervention, out of place,
+    on each logit alone), `log_z_penalty` and `regulariser` (terms added to CE) and
+    `after_step` (a parameter update after the optimizer step).
     """
     name, hparams = "baseline", {}  # hparams: the variant's hyperparameters and their defaults
-    uses_log_z = False  # whether regulariser() needs log Z per token
-    loss_path = None    # None: forward's plain path; else f(head, h, weight, targets), same result
+    loss_path = None  # None: forward's plain path; else f(head, h, weight, targets)
 
     def __init__(self, cap=None, lam=None, matmul_dtype=None):
         super().__init__()
@@ -81,9 +82,18 @@ class Head(nn.Module):
     def cap_logits(self, logits):
         return logits
 
-    def regulariser(self, weight, log_z, keep):
-        """The term added to CE (0-dim tensor), or None where the variant adds nothing."""
+    def log_z_penalty(self, log_z):
+        """Per token, a term of its own log Z (same shape), or None; the loss adds the kept mean."""
         return None
+
+    def regulariser(self, weight):
+        """The term of the weight added to the loss (0-dim tensor), or None."""
+        return None
+
+    @property
+    def plain_softmax(self):  # the loss is CE of the raw logits + regulariser(weight)
+        return (type(self).cap_logits is Head.cap_logits
+                and type(self).log_z_penalty is Head.log_z_penalty)
 
     def logits(self, h, weight):
         """Logits over the whole vocabulary, (..., V), upcast to at least float32."""
@@ -95,22 +105,21 @@ class Head(nn.Module):
         return self.cap_logits(logits.to(compute_dtype(logits.dtype)))
 
     def forward(self, h, weight, targets):
-        """(loss, stats): loss = CE + regulariser (scalar, with grad); stats holds detached
-        0-dim tensors `ce` and `reg` (no .item(): no device sync on the hot path)."""
+        """(loss, stats) of 0-dim tensors, loss with grad; no .item(): no device sync here."""
         if self.loss_path is not None:
             return self.loss_path(self, h, weight, targets)
         logits = self.logits(h, weight)
         logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
         keep = targets != IGNORE
-        # CE_r = log Z_r − l_r,t per token (0 where ignored): torch's fused log-softmax
+        # CE_r = log Z_r − l_r,t per token (0 where ignored), so log Z needs no pass over N × V
         ce_per_token = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
         ce = ce_per_token.sum() / keep.sum().clamp(min=1)
-        log_z = None
-        if self.uses_log_z:  # log Z_r = CE_r + l_r,t: no second pass over the N × V logits
-            log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
-        reg = self.regulariser(weight, log_z, keep)
-        if reg is None:
+        log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+        terms = [token_mean(p, keep) for p in (self.log_z_penalty(log_z),) if p is not None]
+        terms += [r for r in (self.regulariser(weight),) if r is not None]
+        if not terms:
             return ce, {"ce": ce.detach(), "reg": torch.zeros_like(ce)}
+        reg = sum(terms[1:], terms[0])
         return ce + reg, {"ce": ce.detach(), "reg": reg.detach()}
 
     @torch.no_grad()
@@ -144,10 +153,9 @@ class ZLoss(Head):
     divergence is penalised, a negative one only once every logit diverges (App. D).
     """
     name, hparams = "z_loss", {"lam": 1e-4}  # λ of Eq. 5
-    uses_log_z = True
 
-    def regulariser(self, weight, log_z, keep):
-        return self.lam * token_mean(log_z.square(), keep)
+    def log_z_penalty(self, log_z):
+        return self.lam * log_z.square()
 
 
 class MuLoss(Head):
@@ -161,9 +169,8 @@ class MuLoss(Head):
     """
     name, hparams = "mu_loss", {"lam": 1e-4}  # λ of Eq. 16
 
-    def regulariser(self, weight, log_z, keep):
-        mu = mean_embedding(weight)
-        return self.lam * mu.square().sum()  # not mu @ mu, which autocast would run in bf16
+    def regulariser(self, weight):
+        return self.lam * mean_embedding(weight).square().sum()  # not μ @ μ: bf16 under autocast
 
 
 class MuCenter(Head):

@@ -1,5 +1,7 @@
 """fused_loss.py's chunked loss path equals heads.py's plain reference path: values and gradients,
-of every head and SETTINGS dtype, through torch's op and our loop; gradcheck of our backward."""
+of every head and SETTINGS dtype, through torch's op and our loop; gradcheck of our backward.
+Heads defined here, overriding the hooks, check that every path computes the head it is given
+through its hooks."""
 import functools
 import importlib
 
@@ -19,7 +21,36 @@ SETTINGS = {"float64": (torch.float64, False, 1e-12), "float32": (torch.float32,
             "bf16": (torch.bfloat16, False, 2e-2), "autocast_bf16": (torch.float32, True, 2e-2)}
 
 
+
+
+class AtanCap(heads.Head):
+    """A cap whose derivative is not tanh's: l = 2·atan(a/2)."""
+    def cap_logits(self, logits):
+        return 2 * torch.atan(logits / 2)
+
+
+class CubedLogZ(heads.Head):
+    """A per-token term of log Z that is neither z-loss's nor symmetric: softplus(log Z)³/10."""
+    def log_z_penalty(self, log_z):
+        return 0.1 * F.softplus(log_z) ** 3
+
+
+class RowNorms(heads.Head):
+    """A term of the weight alone: the mean squared row norm, /20."""
+    def regulariser(self, weight):
+        return 0.05 * weight.square().sum(dim=1).mean()
+
+
+class AllThree(AtanCap, CubedLogZ, RowNorms):
+    """Every hook above at once."""
+
+
+CUSTOM_HEADS = {cls.__name__: cls for cls in (AtanCap, CubedLogZ, RowNorms, AllThree)}
+
+
 def make_head(name):
+    if name in CUSTOM_HEADS:
+        return CUSTOM_HEADS[name]()
     return heads.build(name, **HPARAMS.get(name, {}))
 
 
@@ -71,7 +102,7 @@ def test_chunked_equals_plain(name, setting, torch_op):
     assert grads_c[0][0, :5].abs().max() == 0  # ignored tokens get no gradient
 
 
-@pytest.mark.parametrize("name", heads.HEADS)
+@pytest.mark.parametrize("name", [*heads.HEADS, *CUSTOM_HEADS])
 def test_backward_matches_finite_differences(name):
     """The hand-derived gradient (docstring of _ChunkedSoftmaxLoss) against float64 numerics."""
     head = make_head(name)
@@ -79,6 +110,60 @@ def test_backward_matches_finite_differences(name):
     assert torch.autograd.gradcheck(
         lambda h, w: fused_loss.chunked_loss(head, h, w, targets, chunk_size=5)[0], (h, w),
         fast_mode=True)  # checks random directions: the full Jacobian takes minutes
+
+
+def hooks_written_out(head, h, w, targets):
+    """CE of cap_logits(W·h) + the kept tokens' mean log_z_penalty + regulariser(W), by torch's
+    logsumexp and a boolean mask: heads.py's forward without its plumbing."""
+    logits = head.cap_logits(h.reshape(-1, D) @ w.t())
+    keep, targets = targets.reshape(-1) != heads.IGNORE, targets.reshape(-1)
+    log_z = torch.logsumexp(logits, dim=1)
+    ce = log_z - logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+    penalty, reg = head.log_z_penalty(log_z), head.regulariser(w)
+    return (ce[keep].mean() + (0 if penalty is None else penalty[keep].mean())
+            + (0 if reg is None else reg))
+
+
+@pytest.mark.parametrize("name", CUSTOM_HEADS)
+def test_the_plain_path_of_a_new_head_is_its_hooks(name):
+    """heads.py's forward composes the hooks as written out, and each hook matters: the new
+    head's loss differs from the baseline's by more than 0.05."""
+    h, w, targets = make_inputs(torch.float64)
+    head = make_head(name)
+    loss, _, grads = loss_and_grads(head, h, w, targets, False)
+    expected = hooks_written_out(head, h, w, targets)
+    assert_close(loss, expected, 1e-12)
+    for grad, want in zip(grads, torch.autograd.grad(expected, (h, w))):
+        assert_close(grad, want, 1e-12)
+    assert abs(loss.item() - make_head("baseline")(h, w, targets)[0].item()) > 0.05
+
+
+@pytest.mark.parametrize("torch_op", [None, False])
+@pytest.mark.parametrize("chunk_size", [1, 8, 74, 100])  # 74 tokens: 8 leaves a ragged chunk of 2
+@pytest.mark.parametrize("all_ignored", [False, True])
+@pytest.mark.parametrize("name", [*heads.HEADS, *CUSTOM_HEADS])
+def test_every_path_computes_the_head_it_is_given(name, all_ignored, chunk_size, torch_op,
+                                                  monkeypatch):
+    """Built-in or new, the chunked path (torch's op where plain_softmax holds and torch_op is
+    None, our loop elsewhere) gives the plain path's loss, stats and gradients in float64."""
+    calls = []
+    if fused_loss.TORCH_OP:
+        real = F.linear_cross_entropy
+        monkeypatch.setattr(F, "linear_cross_entropy",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
+    head = make_head(name)
+    h, w, targets = make_inputs(torch.float64)
+    if all_ignored:
+        targets = torch.full_like(targets, heads.IGNORE)
+    loss_p, stats_p, grads_p = loss_and_grads(head, h, w, targets, False)
+    loss_c, stats_c, grads_c = loss_and_grads(
+        lambda *a: fused_loss.chunked_loss(head, *a, chunk_size=chunk_size, torch_op=torch_op),
+        h, w, targets, False)
+    assert bool(calls) == (fused_loss.TORCH_OP and torch_op is None and head.plain_softmax)
+    for got, want in zip((loss_c, stats_c["ce"], stats_c["reg"], *grads_c),
+                         (loss_p, stats_p["ce"], stats_p["reg"], *grads_p)):
+        assert_close(got, want, 1e-12)
+    assert grads_c[0][0, :5].abs().max() == 0  # ignored tokens get no gradient
 
 
 def test_all_targets_ignored_gives_zero_loss_like_plain():

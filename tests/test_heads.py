@@ -245,6 +245,22 @@ def test_mu_center_on_bf16_weight_centres_it():
     assert heads.mean_embedding(param).abs().max() < 2e-2 < weight.mean(0).abs().max()
 
 
+def test_plain_softmax_holds_exactly_where_cap_logits_and_log_z_penalty_are_heads_own():
+    """The loss-path rule reads the hooks, not the name: a subclass that overrides either hook,
+    even with the identity, leaves the plain-softmax paths."""
+    assert [n for n in heads.HEADS if heads.build(n).plain_softmax] == \
+        ["baseline", "mu_loss", "mu_center"]
+
+    class Capped(heads.MuLoss):
+        def cap_logits(self, logits):
+            return logits
+
+    class Penalised(heads.Head):
+        def log_z_penalty(self, log_z):
+            return None
+    assert not Capped(lam=LAM).plain_softmax and not Penalised().plain_softmax
+
+
 # --- validation -----------------------------------------------------------------------------
 
 def test_build_defaults_and_none_means_default():
