@@ -261,14 +261,11 @@ def loss_functions(name, args, device_type):
         variant.loss_path = path
         return lambda h, w, y: variant(h, w, y)[0]
 
-    def naive(h, weight, targets):  # as one would write it with torch's ops
-        logits = F.linear(h, weight).float()
-        if head.cap is not None:
-            logits = head.cap * torch.tanh(logits / head.cap)
+    def naive(h, weight, targets):  # as one would write it with torch's ops, by the head's hooks
+        logits = head.cap_logits(F.linear(h, weight).float())
         loss = F.cross_entropy(logits, targets, ignore_index=heads.IGNORE)
-        if name == "z_loss":
-            loss = loss + head.lam * torch.logsumexp(logits, dim=-1).square().mean()
-        return loss
+        penalty = head.log_z_penalty(torch.logsumexp(logits, dim=-1))  # no target is ignored
+        return loss if penalty is None else loss + penalty.mean()
 
     def anchor(loss_fn):
         """loss_fn fed h and W in autocast's dtype, as F.linear is (the fused ops have no autocast
@@ -276,15 +273,15 @@ def loss_functions(name, args, device_type):
         def loss(h, weight, targets):
             on = torch.is_autocast_enabled(h.device.type)
             dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
-            value = loss_fn(h.to(dtype), weight.to(dtype), targets)
-            return value + head.regulariser(weight, None, None) if name == "mu_loss" else value
+            value, term = loss_fn(h.to(dtype), weight.to(dtype), targets), head.regulariser(weight)
+            return value if term is None else value + term
         return loss
 
     paths = {"plain": None, "default": fused_loss.loss_path(None, device_type), "chunked":
              functools.partial(fused_loss.chunked_loss, chunk_size=args.chunk_size, torch_op=False)}
     fns = {k: ours(path) for k, path in paths.items() if k in args.impls}
     fns["F.ce(F.linear)"] = anchor(naive)
-    if fused_loss.TORCH_OP and name in fused_loss.PLAIN_CE_HEADS:
+    if fused_loss.TORCH_OP and head.plain_softmax:
         options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=args.chunk_size)
         fns["F.linear_ce"] = anchor(lambda h, w, y: F.linear_cross_entropy(
             h, w, y, ignore_index=heads.IGNORE, options=options))

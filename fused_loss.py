@@ -19,7 +19,6 @@ DEFAULT_CHUNK = {"cpu": 64, "cuda": 0}
 CHUNK_SIZE = 1024  # chunked_loss's chunk when not given one (and bench.py's --chunk_size)
 # torch's fused op and its options class both arrived in torch 2.13; either missing: our loop
 TORCH_OP = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
-PLAIN_CE_HEADS = tuple(n for n in heads.HEADS if heads.build(n).plain_softmax)  # for bench.py
 
 
 def loss_path(chunk_size, device_type):
