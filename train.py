@@ -13,10 +13,11 @@ import signal
 import sys
 
 if __name__ == "__main__":  # Ctrl-C while torch imports (seconds): one line, not a traceback
-    def interrupted_at_start(*_):
+    def interrupted_at_start(*_):  # os._exit: an import's bare `except:` would swallow SystemExit
         if not int(os.environ.get("RANK", 0)):
-            print("train.py: interrupted while starting; nothing was written", file=sys.stderr)
-        raise SystemExit(130)
+            print("train.py: interrupted while starting; nothing was written", file=sys.stderr,
+                  flush=True)
+        os._exit(130)
     signal.signal(signal.SIGINT, interrupted_at_start)
 
 import contextlib
