@@ -1,4 +1,4 @@
-"""Datasets (shards and a manifest, README "Data") checked and written whole; atomic writes.
+"""Datasets (shards and a manifest) checked and written whole; atomic writes.
 
     python store.py check data/mytext               verify every hash, print the fingerprint
     python store.py bench --data DIR                how fast data.py's loader reads
