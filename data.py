@@ -6,7 +6,8 @@ A split is the sorted `*train*.bin` (or `*val*.bin`) files of a folder, each rea
         [20240520 (magic), 1 (version), n, 0, …], then n little-endian uint16 tokens;
     headerless tokens (nanoGPT's train.bin / val.bin): a file of even size whose first int32
         is not the magic, read as it is: size / 2 little-endian uint16 tokens (to pass for a
-        header its first token would have to be 54856, beyond GPT-2's 50257 ids).
+        header its first two tokens would have to be 55432 and 308, the first beyond GPT-2's 50257
+        ids).
 
 `ShardLoader` cuts a split into (B, T) batches x and y = x shifted by one token, in order or at
 random (every window start of the split equally likely), from a position of ints

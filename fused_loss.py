@@ -27,7 +27,7 @@ def loss_path(chunk_size, device_type):
     return functools.partial(chunked_loss, chunk_size=chunk_size) if chunk_size else None
 
 
-@torch.compiler.disable  # compiled, the loop is unrolled and every chunk's buffers stay alive
+@torch.compiler.disable  # compiled, Dynamo would unroll the chunk loop into one graph
 def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None):
     """head(h, weight, targets) chunk by chunk: same (loss, stats), same gradients.
 

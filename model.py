@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 import heads
 
-# The paper's five sizes (Porian et al. 2024), ffn = 256·⌈(2/3·4D)/256⌉ as its code, labelled by
-# all parameters but the input embedding at V = 50304; tiny, small: CPU presets (ffn ≈ 8/3·D).
+# The paper's five sizes (Porian et al. 2024) and labels, ffn = 256·⌈(2/3·4D)/256⌉ as its code;
+# all parameters but the input embedding at V = 50304 count 15.6M, 28.6M, 57.3M, 108.4M and
+# 220.8M. tiny, small: CPU presets (ffn = 3·D).
 SIZES = {
     "tiny":  dict(n_layer=2, n_embd=64, n_head=4, ffn_hidden=192),
     "small": dict(n_layer=4, n_embd=128, n_head=4, ffn_hidden=384),

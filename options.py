@@ -1,5 +1,6 @@
-"""train.py's command line: its options, whose defaults are the paper's recipe (App. A), and
-their checks. `python train.py --help` lists them."""
+"""train.py's command line: its options, whose defaults are the paper's recipe (App. A) but for
+the data order (sequential, not the paper's code's random draw: README says why), and their
+checks. `python train.py --help` lists them."""
 import argparse
 import math
 import os
@@ -52,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = (group := p.add_argument_group("data and run folder")).add_argument
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "
       f"*val*.bin shards (the default is downloaded), or text files (tokenized into {TEXT_CACHE})")
-    a("--data_order", default="sequential", choices=data.ORDERS, help="sequential: each token "
-      "once per epoch; random: as the paper, each row a random window of the split, by --seed")
+    a("--data_order", default="sequential", choices=data.ORDERS, help="sequential: each token at "
+      "most once per epoch (a shard's tail shorter than a step is skipped); random: each row a "
+      "random window of the split, by --seed (the paper's code draws at random too; data.py)")
     a("--out_dir", default="out", help="run folder")
     a("--resume", action="store_true", help="continue from OUT_DIR/ckpt.pt (step 0 if none)")
     a("--save_every", type=positive_int, default=1000, help="steps between checkpoints")
@@ -72,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (default: CUDA)")
     a("--tf32", action="store_true", help="TensorFloat-32 matmuls for what stays float32 (CUDA)")
     a("--loss_chunk", type=non_negative_int, default=None, help="tokens per chunk of the fused "
-      "LM-head loss (fused_loss.py); 0 = heads.py's plain path (default: the device's fastest)")
+      "LM-head loss (fused_loss.py); 0 = heads.py's plain path (default: fused_loss.DEFAULT_CHUNK, "
+      "64 on CPU, the plain path on CUDA)")
     tokens = math.prod(map(p.get_default, ("steps", "batch_size", "seq_len")))
     gb = ((prepare.shards_needed(tokens) + 1)  # and the val shard
           * (2 * data.SHARD_TOKENS + data.HEADER_BYTES) / 1e9)
@@ -110,7 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if len(args.data) > 1 and not all(files):
         parser.error(f"--data takes one folder of shards or text files, not both; "
                      f"{args.data[files.index(False)]} is not a file")
-    args.text = args.data if all(files) else None  # tokenized into a folder by runs.open_data
+    args.text = args.data if all(files) else None  # tokenized into a folder by runs.make_ready
     args.data = None if args.text else args.data[0]
     resolve_device(args, parser.error)
     # The embeddings alone: V·D numbers (twice untied) with gradient and AdamW's 2 moments, 16 B.

@@ -2,10 +2,11 @@
 `python train.py --help` lists the options, grouped, with an example.
 
 Read it top to bottom: the recipe, `build_model`, `train_step` (one optimizer step), the
-measurements, `training_loop`, `main`. runs.py holds the plumbing: the processes, the run folder
-(its lock, config.json, log.jsonl, ckpt.pt for --resume, summary.json, each written whole), the
-data made ready, the CPU threads, the console line, and FiniteWatch, which reads whether a loss
-was finite without making the GPU wait. A run whose loss turns non-finite stops, records
+measurements, `training_loop`, `main`. runs.py holds the plumbing: the device and the processes,
+the run folder (its lock, config.json, log.jsonl, ckpt.pt for --resume, summary.json, each
+written whole), the data made ready, the CPU threads, the console line and the speed
+(Throughput, MFU's peak, the ETA), what torch.compile gave up on (CompileWatch), and
+FiniteWatch, which reads whether a loss was finite without making the GPU wait. A run whose loss turns non-finite stops, records
 diverged: true and exits 0.
 """
 import os
@@ -141,7 +142,7 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
 
 # ---- The measurements -----------------------------------------------------------------------
 STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 × V floats
-LOG_STAT_TOKENS = 128   # tokens of a log step's logit statistics
+LOG_STAT_TOKENS = 128   # tokens per process of a log step's logit statistics
 PRECISION_STRIDE = 4    # the precision statistics take every 4th of those tokens (the costly ones)
 HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS  # logged and summarised per token
 ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
@@ -226,7 +227,8 @@ def val_batches(tokens: int, args, ctx):  # this rank's share of the first `toke
 @torch.no_grad()
 def evaluate(model, args, ctx, amp, batches=None) -> float:
     """Mean cross-entropy over the tokens of `batches` whose target is not -1 (default: the
-    first --eval_tokens validation tokens); every rank scores its share, the sums are added."""
+    first --eval_tokens validation tokens, in whole steps of processes × micro_batch × seq_len);
+    every rank scores its share, the sums are added."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # Σ CE, kept tokens
     for x, y in val_batches(args.eval_tokens, args, ctx) if batches is None else batches:
@@ -250,8 +252,9 @@ def final_head_stats(model: GPT, args, ctx, amp, batches=None) -> dict:
 
 
 def step_metrics(model: GPT, result: StepResult, args, amp) -> dict:
-    """loss (CE), objective, grad_norm, ‖μ‖ and head_stats of LOG_STAT_TOKENS tokens of this
-    process's last micro-batch (its cost: bench.py --measure); reads the device: log steps only."""
+    """loss (CE), objective, grad_norm, ‖μ‖ and head_stats of LOG_STAT_TOKENS tokens of each
+    process's last micro-batch, pooled (its cost: bench.py --measure); reads the device: log
+    steps only."""
     sums = head_stat_sums(model, result.last_x, result.last_y, args, amp, LOG_STAT_TOKENS)
     return {"loss": result.loss.item(), "objective": result.objective.item(),
             "grad_norm": result.grad_norm.item(), "mu_norm": mu_norm(model).item(),
@@ -319,7 +322,8 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
                 last_val, eval_s = timed(evaluate, compiled, args, ctx, amp)
                 record["val_loss"] = last_val
             eta = None if per_step is None else eta_seconds(
-                step, args, per_step, log_s, eval_s, min(LOG_STAT_TOKENS, result.last_y.numel()))
+                step, args, per_step, log_s, eval_s,  # a log step measures every process's
+                min(LOG_STAT_TOKENS, result.last_y.numel()) * ctx.world_size)
             say(log_line(record, args.steps, eta=eta))
             folder.log(record)
         progress.train_time_s = time_before + time.perf_counter() - start
