@@ -34,6 +34,21 @@ def span(key: str, rows) -> tuple:
     return min(row[key] for row in rows), max(row[key] for row in rows)
 
 
+class Upper(float):
+    """An upper bound on a page: printed rounded up at the precision its format asks ("{x:.2f}",
+    "{x:.1%}"), so that the printed number still bounds the value; Lower rounds down."""
+    towards = staticmethod(math.ceil)
+
+    def __format__(self, spec: str) -> str:
+        digits = int(spec.rsplit(".", 1)[1].rstrip("f%")) + 2 * spec.endswith("%")
+        scaled = round(self * 10 ** digits, 6)  # a value printed exactly stays as it is
+        return format(self.towards(scaled) / 10 ** digits, spec)
+
+
+class Lower(Upper):
+    towards = staticmethod(math.floor)
+
+
 def mechanism(results: Path) -> dict:
     """gaps.csv by condition and shift (g), bases.csv, runs.csv's bf16 runs and times, cpu.json,
     the cures' paired tests against float32 (test) and each shift's bf16 gap against its final
@@ -67,8 +82,10 @@ def mechanism(results: Path) -> dict:
                 rho={s: rank_correlation([abs(r["logit_mean_end"]) for r in of("bf16", s)],
                                          [r["gap_end"] for r in of("bf16", s)])
                      for s in ("along1000", "along3000", "ortho")},
-                ortho_l=span("logit_mean_end", of("bf16", "ortho")),
-                ortho_l_f32=max(abs(r["logit_mean_end"]) for r in ortho_f32),
+                ortho_l=span("logit_mean_end", of("bf16", "ortho")), moved=span("move", [
+                    r | dict(move=abs(r["logit_mean_end"] - r["logit_mean_start"]))
+                    for s in ("along1000", "along3000", "ortho") for r in of("bf16", s)]),
+                ortho_l_f32=Upper(max(abs(r["logit_mean_end"]) for r in ortho_f32)),
                 runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
                 cpu=cpu_text(json.loads((results / "cpu.json").read_text())),
                 table=(results / "table.md").read_text().rstrip("\n"),
@@ -197,9 +214,10 @@ def alignment(results: Path) -> dict:
                 paper_proj=span("h_mu_proj", at_03),
                 paper_proj_low=span("h_mu_proj", at_3e4), paper_l=span("logit_mean", at_03),
                 paper_loss=span("test_loss", at_03), paper_best=(min(bests), max(bests)),
-                mu=span("mu_norm", baselines), cost=span("prec_ce_gap", baselines),
+                mu=span("mu_norm", baselines), cost_max=Upper(span("prec_ce_gap", baselines)[1]),
                 rms=span("h_norm_rms", rarities), gain=span("ln_f_gain_norm", rarities),
-                top2=span("top2", rarities), top2_gain=span("top2_gain", rarities)[1])
+                top2_min=Lower(span("top2", rarities)[0]),
+                top2_gain=Upper(span("top2_gain", rarities)[1]))
 
 
 def proxy(results: Path) -> dict:
@@ -221,23 +239,23 @@ def proxy(results: Path) -> dict:
 
 FREQUENCY_RUNS = ("uniform", "zipf", "frozen_gain_uniform", "frozen_gain_zipf")  # run.sh's sweeps
 FREQUENCY_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv; a: rarity.py's
-    ("tokens that occur in the training split", "{a[used]:,} of {a[vocab]:,}"),
+    ("tokens that occur in the training split, rarity.py", "{a[used]:,} of {a[vocab]:,}"),
     ("training loss logged at step 100 / mean over the second-last, last 1,000 steps",
      "{a[loss_first]:.2f} / {a[loss_before]:.2f}, {a[loss_last]:.2f}"),
     ("validation loss, baseline / μ-centering", "{b[test_loss]:.3f} / {c[test_loss]:.3f}"),
     ("‖μ‖", "{b[mu_norm]:.1f}"),
     ("l̄ at the end (largest \\|l̄\\| logged)", "{b[logit_mean]:.2f} ({a[l_max]:.1f})"),
-    ("h̄·μ̂ (cos(h̄, μ))", "{a[h_mu_proj]:.3f} ({a[h_mu_cos]:.2f})"),
+    ("h̄·μ̂ (cos(h̄, μ)), rarity.py", "{a[h_mu_proj]:.3f} ({a[h_mu_cos]:.2f})"),
     ("h̄·μ̂ logged over the last half", "{a[proj_low]:.3f} … {a[proj_high]:.3f}"),
-    ("‖h̄‖ / RMS ‖h‖ / ‖g‖",
+    ("‖h̄‖ / RMS ‖h‖ / ‖g‖, rarity.py",
      "{a[h_mean_norm]:.3f} / {a[h_norm_rms]:.2f} / {a[ln_f_gain_norm]:.1f}"),
-    ("share of the residual's mean square in its 2 largest coordinates (\\|g\\| there)",
-     "{a[top2]:.3f} ({a[top2_gains]})"),
-    ("reach aᵢ over the training targets (mean ± std)",
+    ("share of the residual's mean square in its 2 largest coordinates (\\|g\\| there), "
+     "rarity.py", "{a[top2]:.3f} ({a[top2_gains]})"),
+    ("reach aᵢ over the training targets (mean ± std), rarity.py",
      "{a[target_reach]:.2f} ± {a[target_reach_std]:.2f}"),
-    ("reach aᵢ of never-seen rows / of tokens seen ≥ 10⁴ times", "{a[reach]}"),
-    ("curvature along μ̂ / along random directions", "{a[curv_mu]:.3g} / {a[curv_random]:.3g}"
-                                                      " ({a[curv_ratio]:.1f}×)"),
+    ("reach aᵢ of never-seen rows / of tokens seen ≥ 10⁴ times, rarity.py", "{a[reach]}"),
+    ("curvature along μ̂ / along random directions, rarity.py",
+     "{a[curv_mu]:.3g} / {a[curv_random]:.3g} ({a[curv_ratio]:.1f}×)"),
     ("cross-entropy lost to bf16 (nats), baseline / μ-centering",
      "{b[prec_ce_gap]:+.4f} / {c[prec_ce_gap]:+.4f}"))
 
@@ -284,15 +302,17 @@ def frequency(results: Path) -> dict:
     times = [row["train_time_s"] for k in runs for row in r[k].values()]
     return dict(r=r, a=a, table=table, core_min=sum(times) / 60, fastest=min(times),
                 slowest=max(times),
-                excess={language: max(row["test_loss"] for k in plain if k.startswith(language)
-                                      for row in r[k].values()) - math.log(4)
-                        for language in ("uniform", "zipf")},
-                uniform_l_max=max(a[k]["l_max"] for k in plain if k.startswith("uniform")),
-                cost_max=max(abs(r[k]["baseline"]["prec_ce_gap"]) for k in plain),
-                centering_max=max(abs(p["baseline"]["test_loss"] - p["mu_center"]["test_loss"])
-                                  for p in pairs),
+                excess={language: Upper(max(row["test_loss"] for k in plain
+                                            if k.startswith(language) for row in r[k].values())
+                                        - math.log(4)) for language in ("uniform", "zipf")},
+                uniform_l_max=Upper(max(a[k]["l_max"] for k in plain if k.startswith("uniform"))),
+                cost_max=Upper(max(abs(r[k]["baseline"]["prec_ce_gap"]) for k in plain)),
+                centering_max=Upper(max(abs(p["baseline"]["test_loss"] - p["mu_center"][
+                    "test_loss"]) for p in pairs)),
                 h_mean=span("h_mean_norm", rarities), top2=span("top2", rarities),
-                top2_gain=span("top2_gain", rarities)[1],
+                top2_gain=Upper(span("top2_gain", rarities)[1]),
+                frozen_drop=[r[f"zipf_seed{seed}"]["baseline"]["logit_mean"] - r[
+                    f"frozen_gain_zipf_seed{seed}"]["baseline"]["logit_mean"] for seed in (0, 1)],
                 l_at_old_mu=a["frozen_gain_zipf_seed0"]["h_mu_proj"] * r["zipf_seed0"][
                     "baseline"]["mu_norm"])
 

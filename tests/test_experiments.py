@@ -89,3 +89,11 @@ def test_the_pages_exact_tests_count_every_sign_pattern_and_every_order():
     assert rho == pytest.approx(spearman(np.argsort(np.argsort(y))))
     orders = list(itertools.permutations(range(6)))
     assert p == pytest.approx(np.mean([abs(spearman(o)) >= abs(rho) - 1e-9 for o in orders]))
+
+
+def test_a_printed_bound_still_bounds_its_value():
+    """Upper rounds up and Lower down at the precision asked, so that "at most 0.0019" holds;
+    a value that the format prints exactly is printed as it is."""
+    assert f"{pages.Upper(0.001836):.4f}" == "0.0019" and f"{pages.Upper(213.27):.1f}" == "213.3"
+    assert f"{pages.Lower(0.93478):.1%}" == "93.4%" and f"{pages.Upper(0.93478):.1%}" == "93.5%"
+    assert f"{pages.Upper(0.25):.2f}" == "0.25" and f"{pages.Lower(-1.2221):.2f}" == "-1.23"

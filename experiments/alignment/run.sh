@@ -11,10 +11,10 @@
 # Each pair writes only its own files, so the pairs can be trained in different sessions.
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
 # so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
-# One core per run, two runs at once. Then experiments/alignment/results/ gets, for each pair v,
-# results_<v>.csv (sweep.py collect), cpu_<v>.json (the CPU that trained it: bf16 runs differ
-# between CPUs' kernels), curves_<v>.png and its baseline's rarity_<v>.json and .png (rarity.py:
-# what holds h̄·μ̂); last, the page experiments/alignment/README.md.
+# Two runs at once, the cores split between them (sweep.py). Then experiments/alignment/results/
+# gets, for each pair v, results_<v>.csv (sweep.py collect), cpu_<v>.json (the CPU that trained
+# it: bf16 runs differ between CPUs' kernels), curves_<v>.png and its baseline's rarity_<v>.json
+# and .png (rarity.py: what holds h̄·μ̂); last, the page experiments/alignment/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-runs/alignment}

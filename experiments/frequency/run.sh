@@ -4,7 +4,8 @@
 # Zipf frequencies; on each, untied bf16 baseline and μ-centering, tiny, η = 0.3, 4 × 64 tokens a
 # step, 6,000 steps, seeds 0 and 1 (the initial weights and the random data order); then the
 # baselines again with the final LayerNorm's gain frozen at 1 (frozen_gain.py). rarity.py measures
-# every baseline. Two runs at once, one core each; resumable: run it again after an interruption.
+# every baseline. Two runs at once: the sweeps split the cores between them (sweep.py), the
+# frozen-gain runs take one core each. Resumable: run it again after an interruption.
 #   bash experiments/frequency/run.sh        # RUNS=runs/frequency OUT_DIR=experiments/frequency/results
 set -euo pipefail
 cd "$(dirname "$0")/../.."

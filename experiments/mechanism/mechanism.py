@@ -89,7 +89,7 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
 
 @torch.no_grad()
 def measure_point(model, val, amp) -> dict:
-    """l̄ = μ·h̄ (float64) and ‖μ‖ on the first validation batch, and the loss over all of val."""
+    """l̄ = μ·h̄ (float64) on the first validation batch, ‖μ‖ of the stored rows, and val's loss."""
     mu = heads.mean_embedding(model.output_weight.detach()).double()
     logit_mean = (hidden_states(model, val[0][0], amp).mean(0) @ mu).item()
     with amp:
