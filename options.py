@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warmup", type=non_negative_int, default=None, help="warmup steps (default: 5%% of them)")
     a("--min_lr", type=non_negative_float, default=1e-5, help="end of the cosine decay")
     a("--batch_size", type=positive_int, default=64, help="sequences per step, all processes")
-    a("--micro_batch", type=positive_int, default=None, help="sequences per forward, process")
+    a("--micro_batch", type=positive_int, default=None, help="sequences per forward, process "
+      "(default: the largest divisor ≤ 16 of the process's share of --batch_size)")
     a("--seq_len", type=positive_int, default=2048, help="tokens per sequence")
     a = (group := p.add_argument_group("data and run folder")).add_argument
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of *train*.bin and "

@@ -52,8 +52,10 @@ def build_model(args) -> GPT:
     --data_order random, the data's windows: data.py)."""
     torch.manual_seed(args.seed)
     model = from_config(vars(args))
-    # The loss path: CPU chunked (fused_loss.py: the head's loss and gradients without the N × V
-    # logits), CUDA heads.py's plain forward; --loss_chunk chooses (0: plain).
+    # The loss path: on CPU fused_loss.py's, the head's loss and gradients without the N × V
+    # logits (torch's F.linear_cross_entropy for a float32 head that adds nothing inside the
+    # softmax, else chunks through the head's hooks); on CUDA heads.py's plain forward. The
+    # result is the same up to rounding; --loss_chunk chooses (0: plain).
     model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     return model
 
@@ -127,8 +129,8 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
         wait = isinstance(wrapped, DDP) and micro < grad_accum - 1  # no all-reduce yet
         with wrapped.no_sync() if wait else contextlib.nullcontext():
             with amp:
-                objective, stats = wrapped(x, y)  # the head's (CE + regulariser, {ce, reg}),
-                # by head.loss_path (build_model) or heads.Head.forward: the same result
+                objective, stats = wrapped(x, y)  # heads.Head.forward: (CE + regulariser,
+                # {ce, reg}), by head.loss_path where build_model set one
             (objective / grad_accum).backward()
         sums += torch.stack((stats["ce"], objective.detach()))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -362,13 +364,14 @@ def final_summary(model, compiled, progress, diverged_at, last_val, args, ctx, a
 
 def main(argv=None) -> GPT | None:
     """One run: the model (None when --resume finds the run finished)."""
-    args = parse_args(argv)
+    args = parse_args(argv)  # checked; "auto" device, dtype, compile and micro_batch resolved
     with run_process(args) as ctx, run_folder(args, ctx) as folder:  # locked; data made ready
         if folder is None:
             return None
         model = build_model(args).to(ctx.device)
         optimizer = make_optimizer(model, args)
-        progress = folder.resume(args, model, optimizer)  # ckpt.pt with --resume; config.json
+        progress = folder.resume(args, model, optimizer)  # with --resume: weights, optimizer,
+        # loader and RNG from ckpt.pt; then the CPU threads set and config.json written
         summary = training_loop(model, optimizer, folder, progress, args, ctx)
         if summary is not None:
             folder.finish(summary)
