@@ -27,9 +27,9 @@ for the old script) of the 570; starting and compiling cost:
      cached (assumed)                                                           = 120–220 s
   c  start 20 + eager: 2 widths × 18–27 paths × 14 runs of ~15 ms (assumed)   = 27.56–31.34 s,
      + 10 float64 references, 5 heads × 2 widths (assumed ≤ 15 s)
-  d  start 20 + the training graph (cached) and the evaluation graph, cold (no phase before
-     compiles it), 40–120 s, + steps; price() charges (1 + EVAL_GRAPH) × the warm-up that a or
-     b measured for the run's head
+  d  start 20 + the training graph (cached, assumed) and the evaluation graph, cold (no phase
+     before compiles it), 40–120 s, + steps; price() charges (1 + EVAL_GRAPH) × the warm-up
+     that a or b measured for the run's head
   e  start 20 + the 221M graph, cold, 40–120, + 23 steps × 116 ms             = 62.67–142.67 s
 BUDGET_S 540 leaves 30 s for the table and the kill. A cap is a share of the time left (SHARES):
 a may take 0.6 × 540 = 324 s, 1.8 × its worst case; b 0.6 of the rest (after a at its worst,
