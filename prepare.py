@@ -27,8 +27,10 @@ import data
 import store
 from store import fraction, non_negative_int, positive_int
 
-FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),  # (Hugging Face dataset,
-                    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028)}  # train shards it holds)
+# (Hugging Face dataset, train shards it holds; fineweb100B's 1028 has no committed source, and
+# the paper's code draws from 1,027)
+FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),
+                    "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028)}
 DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B
 DEFAULT_DATA = f"data/{DEFAULT_DATASET}"
 BASE_URL_ENV = "FINEWEB_BASE_URL"     # overrides the download location (mirrors, tests)

@@ -7,7 +7,8 @@ L(η) the final test loss (our validation split), L₀ the loss at initialisatio
     LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1),   a diverged run counting as L₀
 
 Eq. 22 divides by n_η (mean="literal"); n_η − 1 gives back every printed digit of the paper's
-Table 2(ii) and Table 3 (tests/test_sweep.py::test_reference_reproduces_table2).
+Table 2(ii) for the four heads the published runs' CSV holds (not soft-capping) and of Table 3
+(tests/test_sweep.py::test_reference_reproduces_table2 and ::test_reference_reproduces_table3).
 """
 import csv
 import io
@@ -26,7 +27,8 @@ DEFAULT_LAM, DEFAULT_CAP = 1e-4, 30.0  # the paper's λ (outside Sec. 5) and sof
 # L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
 L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
 SIZE_ORDER = ("tiny", "small") + PAPER_SIZES
-# A run's numbers: (rule in words, test), NaN failing all but the losses'; sweep.py's grid too
+# A run's numbers: (rule in words, test), NaN failing lr, lam, cap and seed (the losses and
+# train_time_s may be NaN); sweep.py's grid too
 RULES = {"lr": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
          "lam": ("a finite number ≥ 0", lambda v: math.isfinite(v) and v >= 0),
          "cap": ("a finite number > 0", lambda v: math.isfinite(v) and v > 0),
@@ -58,7 +60,7 @@ def capped_loss(row):  # min(L(η), L₀), a diverged or non-finite run counting
     return row["l0"] if row["diverged"] or not math.isfinite(loss) else min(loss, row["l0"])
 
 
-def lr_sensitivity(losses, mean="published"):  # of capped losses, as above; NaN for one η
+def lr_sensitivity(losses, mean="published"):  # of capped losses, as above; one η: NaN (literal: 0)
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
@@ -398,9 +400,9 @@ def figures(cells, ref_cells=()):  # (file stem, figure), ref_cells dashed
 
 
 def _loss_and_lrs(cells, ref_cells, color_of, label_of, title):
-    """Top: min(L(η), L₀) vs η per column, zoomed to 30% above the optimum as the paper's Fig. 2,
-    a point beyond marked on the edge with its value. Below (one column: beside): LRS, sizes as
-    an axis (lines, as the paper's), settings of one size as categories (markers)."""
+    """Top: min(L(η), L₀) vs η per column, zoomed to 30% above the optimum, a point beyond
+    marked on the edge with its value. Below (one column: beside): LRS, sizes as an axis (lines,
+    as the paper's), settings of one size as categories (markers)."""
     columns = _columns(cells + ref_cells)
     one, by_size = len(columns) == 1, len(columns) > 1 and not any(" " in c for c in columns)
     fig = Figure(figsize=(3.2 * max(len(columns), 2) + 1, 3.9 if one else 6.9),

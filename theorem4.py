@@ -24,7 +24,9 @@ import torch
 import measure
 
 SEARCH_ENTRIES, SEARCH_H_ENTRIES = 2, 3  # exhaustive search: W's entries in ±2, h's in ±3
-SEARCH_MAX_PAIRS = 30_000_000  # (W, h) pairs; 25M took 13 s (±4, ±3) to 27 s (±2, ±20), 1.8 GB
+SEARCH_MAX_PAIRS = 30_000_000  # (W, h) pairs. `analyze.py verify --exhaustive`, once each on this
+# project's 2-core AMD EPYC (shared, OMP_NUM_THREADS=1): 25,330,560 pairs (±4, ±3) 14.5 s and
+# 1.83 GB peak RSS, 25,643,520 (±2, ±20) 11.9 s and 1.68 GB
 SCAN_MATRICES = 200                      # B_ratio scan: random anisotropic matrices
 
 E0 = ((-1, 0), (0, -1), (0, 0))    # μ = (−1/3, −1/3); E₀–E₃: the audit's counterexamples

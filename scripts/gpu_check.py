@@ -16,17 +16,25 @@ Children die with this process, also under SIGKILL (PR_SET_PDEATHSIG); a TERM or
 them, merges d's logs and writes the table. Set from outside: DEVICE (cuda, cpu), OUT
 (out/gpu_check), DATA (data/shakespeare), SCRATCH (d's run folders), PHASES, BUDGET_S.
 
-The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (13 ms at a third of the H200's
-989 TFLOP/s), a 221M step 57.5 (116 ms at half); a cold compile 40–120 s a graph; a process
-10–20 s to start. GPU compute outside d is ~20 s of the 570; starting and compiling cost:
-  a  start 20 + one cold graph 40–120 (μ-centering's forward is the baseline's)  =  60–140 s
-  b  start 20 + 4 more graphs, 20–40 s each with the kernels cached (assumed)     = 100–180 s
-  c  start 20 + eager: 2 widths × 18–27 paths × 13 runs of ~15 ms, float64 checks = 30–45 s
-  d  start 20 + the evaluation graph, cold (no phase before compiles it), 40–120 s, + steps
-  e  start 20 + the 221M graph, cold, 80–120, + 23 steps × 116 ms                = 100–140 s
+The budget, from issue 41's figures: a 16M step is 4.14 TFLOP (12.6 ms at an assumed MFU of 1/3
+of the H200's 989 TFLOP/s), a 221M step 57.5 (116 ms at an assumed 1/2); a cold compile 40–120 s
+a graph; a process 10–20 s to start. GPU compute outside d is ≈ 13.3–17.1 s by the lines below
+(the float32 head's matmuls at FP32_FLOPS, c without its float64 references; issue 41: about 20 s
+for the old script) of the 570; starting and compiling cost:
+  a  start 20 + one cold graph 40–120 + μ-centering's (Dynamo recompiles for its head class,
+     measured on CPU), the same graph, from the cache, 20–40 (assumed)         =  80–180 s
+  b  start 20 + 5 graphs (bench.py adds the baseline's again), 20–40 s each with the kernels
+     cached (assumed)                                                           = 120–220 s
+  c  start 20 + eager: 2 widths × 18–27 paths × 14 runs of ~15 ms (assumed)   = 27.56–31.34 s,
+     + 10 float64 references, 5 heads × 2 widths (assumed ≤ 15 s)
+  d  start 20 + the training graph (cached, assumed) and the evaluation graph, cold (no phase
+     before compiles it), 40–120 s, + steps; price() charges (1 + EVAL_GRAPH) × the warm-up
+     that a or b measured for the run's head
+  e  start 20 + the 221M graph, cold, 40–120, + 23 steps × 116 ms             = 62.67–142.67 s
 BUDGET_S 540 leaves 30 s for the table and the kill. A cap is a share of the time left (SHARES):
-a may take 0.6 × 540 = 324 s, over twice its worst case; b 0.6 of the rest (after a at 140 s:
-240 s); c 0.3; d 0.65, its steps planned to fill SLACK of it; e all the time d leaves.
+a may take 0.6 × 540 = 324 s, 1.8 × its worst case; b 0.6 of the rest (after a at its worst,
+180 s: 216 s, 4 s short of b's worst case, when its last row, the float32 head's, may be cut);
+c 0.3; d 0.65, its steps planned to fill SLACK of it; e all the time d leaves.
 """
 import contextlib
 import functools
@@ -68,7 +76,8 @@ PHASES = [  # name, its file under $OUT, bench.py's options (phase d: train.py's
     ("e", "e_step.json", lambda p: dict(compile=p["compile"], sizes=p["size_e"], no_eval=True))]
 LONG_RUNS = [("baseline", "auto"), ("mu_center", "auto"), ("baseline", "float32")]  # per η
 MIN_STEPS = 4        # fewer, and a run of phase d logs nothing worth its start
-EVAL_GRAPH = 0.6     # the evaluation graph's compile / the step's (26.7 s / 47.7 s, CPU, cold)
+EVAL_GRAPH = 0.6     # the evaluation graph's compile / the step's, rounded up from 26.7 s /
+                     # 47.7 s ≈ 0.56 (CPU, cold, issue 41)
 FP32_FLOPS = 50e12   # float32 matmuls without TF32 on an H200: 67 TFLOP/s peak, at 3/4
 GUESS_STEP_S, GUESS_COMPILE_S, GUESS_RUN_BYTES = 0.05, 90, 23 * 2**30  # when nothing measured
 PROCESS_BYTES = 2**30  # a process's own (a guess): the CUDA context, torch's libraries

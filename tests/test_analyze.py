@@ -493,7 +493,8 @@ def test_checkpoint_without_config_or_with_weights_of_another_shape(runs, tmp_pa
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--offsets", "0", "1e300"], "--offsets: 1e300 is invalid; give a finite L with |L| ≤ 1e8"),
+    (["--offsets", "0", "1e300"], "--offsets: 1e300 is invalid; give a finite L with |L| ≤ 4096"),
+    (["--offsets", "8192"], "--offsets: 8192 is invalid; give a finite L with |L| ≤ 4096"),
     (["--offsets", "inf"], "argument --offsets: inf is invalid"),
     (["--offsets", "nan"], "argument --offsets: nan is invalid"),
     (["--seed", "-1"], "argument --seed: -1 is invalid; give an integer from 0 to 2^64 − 1"),
