@@ -61,8 +61,9 @@ def parse_args(argv=None):
     a("--stat_tokens", type=store.positive_int, default=8192, help="tokens of --measure's stats")
     a("--no_train", action="store_true", help="skip the training step (--loss_tokens, --measure)")
     a("--no_eval", action="store_true", help="skip timing the evaluation (a graph of its own)")
-    a("--json", type=Path, help="write the results here, anew (atomically) after every training "
-      "variant, and after each size's head-alone and --measure rows")
+    a("--json", type=Path, help="write the results here, anew (atomically): once before any "
+      "work, after every training variant and each size's round in turns, and after each size's "
+      "head-alone and --measure rows")
     args = p.parse_args(argv)
     device_type = runs.resolve_device(args, p.error)  # cpu or cuda, or one sentence
     for key, value in SHAPES[device_type].items():

@@ -27,8 +27,8 @@ import data
 import store
 from store import fraction, non_negative_int, positive_int
 
-# (Hugging Face dataset, train shards it holds; fineweb100B's 1028 has no committed source, and
-# the paper's code draws from 1,027)
+# (Hugging Face dataset, train shards it holds; fineweb100B's 1028 has no committed source, nor
+# has the 1,027 the paper's code draws from: number_of_training_chunks in its nanoGPT/train.py)
 FINEWEB_DATASETS = {"fineweb10B": ("kjj0/fineweb10B-gpt2", 103),
                     "fineweb100B": ("kjj0/fineweb100B-gpt2", 1028)}
 DEFAULT_DATASET = "fineweb100B"       # the paper's recipe reads 13.1B tokens; 10B holds 10.3B

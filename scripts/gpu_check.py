@@ -22,7 +22,7 @@ a graph; a process 10–20 s to start. GPU compute outside d is ≈ 13.3–17.1 
 (the float32 head's matmuls at FP32_FLOPS, c without its float64 references; issue 41: about 20 s
 for the old script) of the 570; starting and compiling cost:
   a  start 20 + one cold graph 40–120 + μ-centering's (Dynamo recompiles for its head class,
-     measured on CPU), the same graph, from the cache, 20–40 (assumed)         =  80–180 s
+     seen once on CPU, no log kept), the same graph, from the cache, 20–40 (assumed) = 80–180 s
   b  start 20 + 5 graphs (bench.py adds the baseline's again), 20–40 s each with the kernels
      cached (assumed)                                                           = 120–220 s
   c  start 20 + eager: 2 widths × 18–27 paths × 14 runs of ~15 ms (assumed)   = 27.56–31.34 s,
