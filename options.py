@@ -1,6 +1,6 @@
-"""train.py's command line: its options, whose defaults are the paper's recipe (App. A) but for
-the data order (sequential, not the paper's code's random draw: README says why), and their
-checks. `python train.py --help` lists them."""
+"""train.py's command line: its options, whose defaults are the paper's recipe (App. A) on CUDA
+but for the data order (sequential, not the paper's code's random draw: README says why); on CPU
+the matmuls default to float32. Their checks too; `python train.py --help` lists them."""
 import argparse
 import math
 import os

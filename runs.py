@@ -34,8 +34,9 @@ OLD_DEFAULTS = {"data_order": "sequential"}  # what runs recorded before an opti
 # Only a step's rounding: --resume takes new ones and says so (CPU threads: choose_cpu_threads).
 # Every step reads the same rows however micro_batch and world_size split them; besides rounding
 # they change which tokens a log step measures (each process's last micro-batch) and, where
-# --eval_tokens is no multiple of processes × micro_batch × seq_len, how many an evaluation reads;
-# head_dtype changes what prec_* measure.
+# --eval_tokens or --stat_tokens is no multiple of processes × micro_batch × seq_len, or the
+# tokens pass the first val shard, which an evaluation or the final statistics read; head_dtype
+# changes what prec_* measure.
 ROUNDING = ("micro_batch", "world_size", "loss_chunk", "head_dtype", "compile", "tf32")
 # The cosine schedule ends at --steps, so a finished run cannot go on.
 TRAIN_LONGER = "to train longer, start a new run (another --out_dir) with a larger --steps"
@@ -541,7 +542,7 @@ def eta_seconds(step: int, args, per_step: float, log_s: float, eval_s: float,
 
 def log_line(record: dict, steps: int, eta: float | None) -> str:
     """step, loss, lr and what was measured of tok/s, MFU, ETA (not over a process's first step,
-    which compiles) and val loss."""
+    which compiles or warms up) and val loss."""
     s = int(eta or 0)  # the ETA as 1h05m or 4m09s
     duration = f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
     shown = {**record, "eta": None if eta is None else duration}

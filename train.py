@@ -6,8 +6,8 @@ measurements, `training_loop`, `main`. runs.py holds the plumbing: the device an
 the run folder (its lock, config.json, log.jsonl, ckpt.pt for --resume, summary.json, each
 written whole), the data made ready, the CPU threads, the console line and the speed
 (Throughput, MFU's peak, the ETA), what torch.compile gave up on (CompileWatch), and
-FiniteWatch, which reads whether a loss was finite without making the GPU wait. A run whose loss turns non-finite stops, records
-diverged: true and exits 0.
+FiniteWatch, which reads whether a loss was finite without making the GPU wait. A run whose
+loss turns non-finite stops, records diverged: true and exits 0.
 """
 import os
 import signal
@@ -53,9 +53,9 @@ def build_model(args) -> GPT:
     torch.manual_seed(args.seed)
     model = from_config(vars(args))
     # The loss path: on CPU fused_loss.py's, the head's loss and gradients without the N × V
-    # logits (torch's F.linear_cross_entropy for a float32 head that adds nothing inside the
-    # softmax, else chunks through the head's hooks); on CUDA heads.py's plain forward. The
-    # result is the same up to rounding; --loss_chunk chooses (0: plain).
+    # logits (on torch ≥ 2.13 torch's F.linear_cross_entropy for a float32 head that adds nothing
+    # inside the softmax, else chunks through the head's hooks); on CUDA heads.py's plain
+    # forward. The result is the same up to rounding; --loss_chunk chooses (0: plain).
     model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     return model
 

@@ -162,7 +162,8 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
     proj = [float(r["h_mu_proj"]) for path in (ROOT / "experiments/alignment/results").glob(
         "results_*.csv") for r in rows(path) if r["head"] == "baseline"]
     assert len(proj) == 7
-    assert f"h̄·μ̂ ends between {min(proj):.3f} and {max(proj):.3f}".replace("-", "−") in text
+    low, high = math.floor(min(proj) * 1e4) / 1e4, math.ceil(max(proj) * 1e4) / 1e4  # outward
+    assert f"h̄·μ̂ ends between {low:.4f} and {high:.4f}".replace("-", "−") in text
     rarity = {name: json.loads((ROOT / "experiments/frequency/results" / f"rarity_{name}.json")
                                .read_text()) for name in ("zipf_seed0", "zipf_seed1",
                                                           "uniform_seed0", "uniform_seed1",
@@ -182,7 +183,8 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
              for r in rows("tests/data/oec_untied_runs.csv") if r["head"] == "baseline"]
     at_03 = sorted(proj for lr, proj in paper if lr == 0.3)
     assert f"at least 0.5 in {sum(abs(proj) >= 0.5 for _, proj in paper)} of the {len(paper)} " \
-        f"untied baselines, and {at_03[0]:.1f} to {at_03[-1]:.1f} at η = 0.3" in text
+        f"untied baselines, and {math.floor(at_03[0] * 100) / 100:.2f} to " \
+        f"{math.ceil(at_03[-1] * 100) / 100:.2f} at η = 0.3" in text
 
 
 def test_the_mechanism_statistics_the_front_page_quotes_are_the_pages():
