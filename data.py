@@ -6,8 +6,9 @@ A split is the sorted `*train*.bin` (or `*val*.bin`) files of a folder, each rea
         [20240520 (magic), 1 (version), n, 0, …], then n little-endian uint16 tokens;
     headerless tokens (nanoGPT's train.bin / val.bin): a file of even size whose first int32
         is not the magic, read as it is: size / 2 little-endian uint16 tokens (to pass for a
-        header its first two tokens would have to be 55432 and 308, the first beyond GPT-2's 50257
-        ids).
+        header its first two tokens would have to be 55432 and 308, the first beyond GPT-2's
+        50257 ids), unless the rest is an llm.c header (version 1, n fitting the size): that is
+        a shard whose magic was damaged, and is refused.
 
 `ShardLoader` cuts a split into (B, T) batches x and y = x shifted by one token, in order or at
 random (every window start of the split equally likely), from a position of ints
@@ -48,11 +49,15 @@ def shard_length(path, headerless=False):
     size, header = path.stat().st_size, np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     n = int(header[2]) if header.size > 2 else -1
     if not (header.size and header[0] == MAGIC):
-        if headerless and size % 2 == 0:
+        if header.size > 2 and header[1] == VERSION and size == HEADER_BYTES + 2 * n:  # the rest fits
+            problem = f"is an llm.c shard whose magic number is {header[0]}, not {MAGIC}"
+        elif headerless and size % 2 == 0:
             return size // 2
-        problem = (f"is neither an llm.c shard (its first int32 is not {MAGIC}) nor headerless "
-                   f"uint16 tokens (its size, {size} bytes, is odd)") if headerless else \
-            f"has no llm.c shard header (its first int32 is not {MAGIC})"
+        elif headerless:
+            problem = (f"is neither an llm.c shard (its first int32 is not {MAGIC}) nor "
+                       f"headerless uint16 tokens (its size, {size} bytes, is odd)")
+        else:
+            problem = f"has no llm.c shard header (its first int32 is not {MAGIC})"
     elif size < HEADER_BYTES:
         problem = f"is truncated: {size} bytes is shorter than the {HEADER_BYTES}-byte header"
     elif header[1] != VERSION:

@@ -88,18 +88,28 @@ def test_header_validation_catches_each_corruption(tmp_path, how, message):
 
 def test_a_file_without_the_magic_is_headerless_tokens_unless_a_header_is_required(tmp_path):
     path = tmp_path / "x_train_000000.bin"
-    data.write_shard(path, np.arange(100))
-    corrupt(path, "magic")
-    np.testing.assert_array_equal(data.read_shard(path), np.fromfile(path, "<u2"))
-    assert data.shard_length(path, headerless=True) == (1024 + 200) // 2
+    np.arange(600, dtype="<u2").tofile(path)               # bare tokens, as nanoGPT writes them
+    np.testing.assert_array_equal(data.read_shard(path), np.arange(600))
+    assert data.shard_length(path, headerless=True) == 600
     with pytest.raises(ValueError, match=r"x_train_000000.bin has no llm.c shard header \(its "
                                          r"first int32 is not 20240520\); make it again"):
         data.shard_length(path)                             # as a download must be
     path.write_bytes(path.read_bytes() + b"\0")             # an odd size is no uint16 tokens
     with pytest.raises(ValueError, match=r"is neither an llm.c shard \(its first int32 is not "
                                          r"20240520\) nor headerless uint16 tokens \(its size, "
-                                         r"1225 bytes, is odd\); make it again"):
+                                         r"1201 bytes, is odd\); make it again"):
         data.read_shard(path)
+
+
+def test_an_llm_c_shard_whose_magic_was_hit_is_refused_not_read_as_tokens(tmp_path):
+    """Its version and token count still fit its size: a header, not 512 tokens of one."""
+    path = tmp_path / "x_train_000000.bin"
+    data.write_shard(path, np.arange(100))
+    corrupt(path, "magic")
+    for headerless in (False, True):
+        with pytest.raises(ValueError, match=r"x_train_000000.bin is an llm.c shard whose magic "
+                                             r"number is 12345, not 20240520; make it again"):
+            data.shard_length(path, headerless=headerless)
 
 
 def nanogpt_folder(folder, tokens):
