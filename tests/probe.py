@@ -240,8 +240,8 @@ def cases(fx):
     def slurm_setup(work):
         bin_dir = work / "bin"
         bin_dir.mkdir()
-        stubs = {"srun": '#!/bin/sh\necho torchrun started "$@"\n',  # what each node would run
-                 # a big allocation's node list: a reader that stops early would cut it off
+        stubs = {"srun": '#!/bin/sh\necho torchrun started "$@"\n',  # srun's option, the node's run
+                 # a big allocation's node list (~1 MB): an early reader would SIGPIPE scontrol
                  "scontrol": "#!/bin/sh\ni=0\nwhile [ $i -lt 100000 ]; do echo node-$i; "
                              "i=$((i+1)); done\n"}
         for name, text in stubs.items():
