@@ -126,12 +126,12 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
     sums = torch.zeros(2, device=model.output_weight.device)  # Σ CE, Σ objective
     for micro in range(grad_accum):
         x, y = next_batch()
-        wait = isinstance(wrapped, DDP) and micro < grad_accum - 1  # no all-reduce yet
-        with wrapped.no_sync() if wait else contextlib.nullcontext():
-            with amp:
-                objective, stats = wrapped(x, y)  # heads.Head.forward: (CE + regulariser,
-                # {ce, reg}), by head.loss_path where build_model set one
-            (objective / grad_accum).backward()
+        if isinstance(wrapped, DDP):  # all-reduce the gradients in the last backward only
+            wrapped.require_backward_grad_sync = micro == grad_accum - 1
+        with amp:
+            objective, stats = wrapped(x, y)  # heads.Head.forward: (CE + regulariser,
+            # {ce, reg}), by head.loss_path where build_model set one
+        (objective / grad_accum).backward()
         sums += torch.stack((stats["ce"], objective.detach()))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
@@ -146,7 +146,9 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
 STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 × V floats
 LOG_STAT_TOKENS = 128   # tokens per process of a log step's logit statistics
 PRECISION_STRIDE = 4    # the precision statistics take every 4th of those tokens (the costly ones)
-HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS  # logged and summarised per token
+# Logged and summarised per token: the paper's logit statistics (l̄, σ_l, max |l|, log²Z) and
+# prec_*, what rounding the head's matmul to the run's dtype costs (measure.precision_stats)
+HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS
 ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
 
 
@@ -281,12 +283,14 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
     wrapped = compiled if ctx.world_size == 1 else \
         DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     tokens_per_step, threads = args.batch_size * args.seq_len, folder.config["cpu_threads"]
+    compiled_text = " compiled" if args.compile else ""
+    threads_text = f", {threads} CPU thread(s)" if threads else ""
+    resuming = f"resuming after step {progress.step} of " if progress.step else ""
     say(f"{args.size} ({model.num_params() / 1e6:.2f}M parameters without the input "
         f"embedding), head {args.head}, lr {args.lr:g}, tie {args.tie}; {ctx.world_size} "
         f"process(es) × {grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
-        f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}"
-        f"{' compiled' * args.compile}{f', {threads} CPU thread(s)' * bool(threads)}; "
-        f"{f'resuming after step {progress.step} of ' if progress.step else ''}{args.steps} steps")
+        f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}{compiled_text}"
+        f"{threads_text}; {resuming}{args.steps} steps")
     eval_s = log_s = 0.0  # seconds of the last evaluation and log step, for the ETA
     if progress.init_loss is None:
         progress.init_loss, eval_s = timed(evaluate, compiled, args, ctx, amp)
@@ -307,8 +311,8 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
         is_save = step == args.steps or step % args.save_every == 0
-        watch.push(step, result.objective)
-        diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)
+        watch.push(step, result.objective)  # on CUDA read a step late, so the GPU never waits;
+        diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)  # all before a log or save
         if diverged_at is not None:
             say(f"step {diverged_at}: the loss is not finite; the run diverged and stops")
             break
