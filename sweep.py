@@ -1,6 +1,6 @@
 """sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
 results into the paper's tables and figures (drawn by report.py); README's More commands and
-Sweeps on SLURM have examples.
+scripts/README.md's Sweeps on SLURM have examples.
 
 Options sweep.py does not know go to train.py after the grid's own, so they win. A point is a run
 folder OUT/Run.name, finished once it has summary.json: the same command again skips it, resumes

@@ -1,8 +1,8 @@
 """sweep.py --launcher slurm against a real SLURM (slurmctld, slurmd and munge on this machine, as
-`bash scripts/slurm.sh start` brings them up; .ci/run does): README's SLURM lines run as written
-(with fewer, smaller steps), a job cancelled mid-run and the same command again, every run equal
-to a local run of the same settings; every refusal of the scheduler in one sentence with its
-reason. Skipped, with the reason, where that one-node cluster does not answer."""
+`bash scripts/slurm.sh start` brings them up; .ci/run does): scripts/README.md's SLURM lines run
+as written (with fewer, smaller steps), a job cancelled mid-run and the same command again, every
+run equal to a local run of the same settings; every refusal of the scheduler in one sentence
+with its reason. Skipped, with the reason, where that one-node cluster does not answer."""
 import json
 import os
 import re
@@ -18,7 +18,7 @@ import pytest
 import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = (ROOT / "scripts" / "README.md").read_text(encoding="utf-8")
 BARE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # no venv, no torchrun: only the system's commands
 # fewer steps than README's line, and small: train.py takes the last of a repeated option
 FEWER = ("--steps 40 --warmup 2 --batch_size 2 --micro_batch 2 --seq_len 32 --eval_tokens 256 "
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE)
 
 
 def readme_commands():
-    """The command lines of README's `## Sweeps on SLURM` block, split as a shell would."""
+    """The command lines of scripts/README.md's `## Sweeps on SLURM`, split as a shell would."""
     text = README.split("\n## Sweeps on SLURM\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```\n(.*?)```", text, flags=re.S).group(1).replace("\\\n", " ")
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
