@@ -389,11 +389,7 @@ def _transfer(url, part, have, label):
             None if length is None else int(length)
         done = start = have if resumed else 0
         t0, last = time.perf_counter(), 0.0
-        try:
-            f = store.WatchedFile(part, "ab" if resumed else "wb")
-        except OSError as err:
-            raise store.write_error(err, part) from None
-        with f:
+        with store.WatchedFile.opened(part, "ab" if resumed else "wb") as f:
             try:
                 while chunk := response.read(1 << 20):
                     f.write(chunk)             # a full disk: store.WriteError, not retried

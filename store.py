@@ -143,10 +143,7 @@ def open_atomic(path):
     """A binary file that becomes `path` (temp name, fsync, rename) if the block succeeds."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    try:
-        f = WatchedFile(tmp, "xb")
-    except OSError as err:
-        raise write_error(err, path) from None
+    f = WatchedFile.opened(tmp, "xb", path)
     try:
         with f:
             yield f
@@ -162,6 +159,13 @@ def open_atomic(path):
 class WatchedFile(io.FileIO):
     """A file that writes all of every buffer (os.write may write a part); failures: WriteError."""
     error = None                    # the failed write's OSError: a library may wrap the WriteError
+
+    @classmethod
+    def opened(cls, path, mode, named=None):  # a failed open too is a WriteError, about `named`
+        try:
+            return cls(path, mode)
+        except OSError as err:
+            raise write_error(err, named or path) from None
 
     def write(self, content):
         view, done = memoryview(content).cast("B"), 0

@@ -5,6 +5,7 @@ import errno
 import fcntl
 import functools
 import http.server
+import io
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import torch
 import data
 import prepare
 import runs
+import store
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -588,6 +590,19 @@ def test_a_full_disk_while_logging_is_one_sentence_and_leaves_no_half_line(
                               f"{tmp_path / 'log.jsonl'} (") and "\n" not in message
     text = (tmp_path / "log.jsonl").read_text()
     assert text.endswith("\n") and [record["step"] for record in read_log(tmp_path)] == [1]
+
+
+def test_a_log_that_cannot_be_opened_mid_run_is_one_sentence(markov_data, tmp_path, capsys,
+                                                              monkeypatch):
+    """Opening log.jsonl to append a step's line used to fail outside store's WriteError, in a
+    traceback."""
+    def broken_open(self, path, mode="r", *args, **kwargs):
+        if str(path).endswith("log.jsonl") and "a" in mode:
+            raise OSError(errno.EIO, "Input/output error")
+        io.FileIO.__init__(self, path, mode, *args, **kwargs)
+    monkeypatch.setattr(store.WatchedFile, "__init__", broken_open)
+    assert error_of(tiny(markov_data, tmp_path), capsys) == (
+        f"train.py: error: could not write {tmp_path / 'log.jsonl'} (Input/output error)")
 
 
 def test_a_fresh_run_into_a_full_disk_is_one_sentence(markov_data, tmp_path, capsys,
