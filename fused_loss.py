@@ -27,14 +27,29 @@ def loss_path(chunk_size, device_type):
     return functools.partial(chunked_loss, chunk_size=chunk_size) if chunk_size else None
 
 
+def uses_torch_op(head, matmul_dtype, torch_op=None) -> bool:
+    """Whether torch's op (TORCH_OP) serves head: it adds nothing inside the softmax
+    (plain_softmax) and the matmul is float32 or float64 (in bf16 it would round the loss itself)."""
+    return bool((TORCH_OP if torch_op is None else torch_op) and head.plain_softmax
+                and matmul_dtype in (torch.float32, torch.float64))
+
+
+def path_name(head, matmul_dtype) -> str:
+    """In words, what head.loss_path (set by loss_path) runs with this matmul dtype."""
+    if head.loss_path is None:
+        return "heads.py's plain forward"
+    way = "torch's F.linear_cross_entropy" if uses_torch_op(head, matmul_dtype) else \
+        "fused_loss.py's loop through the head's hooks"
+    return f"{way}, {head.loss_path.keywords['chunk_size']} tokens a chunk"
+
+
 @torch.compiler.disable  # compiled, Dynamo would unroll the chunk loop into one graph
 def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None):
     """head(h, weight, targets) chunk by chunk: same (loss, stats), same gradients.
 
     cap_logits and log_z_penalty run inside the chunk loop, each chunk's derivatives of them by
     autograd; regulariser(weight) is added afterwards. The matmul runs in head.matmul_dtype, else
-    as autocast says. Torch's op (TORCH_OP) serves the heads whose plain_softmax holds where the
-    matmul is float32 or float64 (in bf16 it would round the loss itself), our loop all others;
+    as autocast says. Torch's op serves where uses_torch_op says, our loop all other heads;
     torch_op=False forces our loop, True asks for torch's op where it serves the head."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")
@@ -47,10 +62,9 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
                                          else torch.promote_types(h.dtype, weight.dtype))
     # Not in Function.forward: there grad mode is off and needs_input_grad True under no_grad.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    use_torch_op = ((TORCH_OP if torch_op is None else torch_op) and head.plain_softmax
-                    and matmul_dtype in (torch.float32, torch.float64))
     with torch.autocast(device, enabled=False):  # the matmul dtype is chosen above
-        if use_torch_op:  # allow_retain_graph: a second backward works, as on the plain path
+        if uses_torch_op(head, matmul_dtype, torch_op):
+            # allow_retain_graph: a second backward works, as on the plain path
             options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size,
                                                          allow_retain_graph=True)
             total = F.linear_cross_entropy(h.to(matmul_dtype), weight.to(matmul_dtype), targets,

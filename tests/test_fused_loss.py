@@ -226,6 +226,30 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
     assert_close(loss, make_head("baseline")(h, w, targets)[0], 2e-6)
 
 
+def test_the_path_name_says_which_implementation_runs(monkeypatch):
+    """What train.py prints: torch's op exactly where chunked_loss calls it, for every head and
+    matmul dtype; heads.py's forward without a loss_path."""
+    calls = []
+    if fused_loss.TORCH_OP:
+        real = F.linear_cross_entropy
+        monkeypatch.setattr(F, "linear_cross_entropy",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
+    h, w, targets = make_inputs(torch.float32)
+    for name in heads.HEADS:
+        for dtype in (torch.float32, torch.bfloat16):
+            head = make_head(name)
+            head.loss_path = fused_loss.loss_path(8, "cpu")
+            before = len(calls)
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype == torch.bfloat16):
+                head(h, w, targets)
+            ran_op = len(calls) > before
+            assert fused_loss.path_name(head, dtype) == (
+                "torch's F.linear_cross_entropy, 8 tokens a chunk" if ran_op else
+                "fused_loss.py's loop through the head's hooks, 8 tokens a chunk"), (name, dtype)
+    assert len(calls) == (3 if fused_loss.TORCH_OP else 0)
+    assert fused_loss.path_name(make_head("baseline"), torch.float32) == "heads.py's plain forward"
+
+
 @pytest.mark.parametrize("missing", [(F, "linear_cross_entropy"),
                                      (torch.nn, "LinearCrossEntropyOptions")])
 def test_a_torch_without_either_half_of_the_fused_op_falls_back_to_our_loop(monkeypatch, missing):
