@@ -106,7 +106,8 @@ def shard_paths(data_dir, split):
 
 # ----------------------------------------------------------------------------- loading
 class ShardLoader:
-    """Batches (x, y) of int64 CPU tensors (B, T) from a split's shards, never read whole.
+    """Batches (x, y) of int64 CPU tensors (B, T): B = batch_size rows of T = seq_len tokens a
+    call on this rank, from a split's shards, never read whole.
 
     Rows are numbered globally: a step of S = step_rows rows (default W·B) is S / (W·B) micro-
     batches, rank r's k-th holding rows g = k·W·B + r·B + b, b < B. Row g's window w (T + 1
@@ -153,6 +154,7 @@ class ShardLoader:
 
     def _next_in_order(self):
         B, T, W, S = self.B, self.T, self.world_size, self.step_rows
+        # at a step's start, a step that does not fit moves on to the next shard's start
         if self.position % (S * T) == 0 and self.position + S * T + 1 > self.lengths[self.shard]:
             self.shard, self.position = (self.shard + 1) % len(self.paths), 0
             self.epoch += self.shard == 0                       # back at the first shard

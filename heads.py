@@ -10,9 +10,9 @@ for Stable LLM Pretraining*. Torch only; copy this file alone into any project.
 also the input embedding, which centering then moves too (MuCenter). Under DDP the weights are
 identical on all ranks, so each rank's `after_step` subtracts the same μ; a sharded weight (FSDP,
 ZeRO) needs μ over all V rows (the weight all-gathered, or Σᵢ eᵢ all-reduced), not a shard's.
-`head.loss_path` may replace forward's plain path (the reference: CUDA's default, --loss_chunk 0)
-by f(head, h, weight, targets) built from the same hooks (fused_loss.py, CPU's default); one
-that computes only CE of the raw logits (torch's fused op) takes only `plain_softmax` heads.
+With `head.loss_path = f`, forward returns f(head, h, weight, targets) instead of its plain path
+(the reference); f must compute the same loss from the head's hooks (fused_loss.py), and an f
+that computes only CE of the raw logits (torch's fused op) may serve only `plain_softmax` heads.
 
 Notation. eᵢ ∈ ℝᴰ is row i of the V × D output embedding `weight`, h ∈ ℝᴰ a final hidden state,
 lᵢ = eᵢ·h the logits (Eq. 3), Z = Σⱼ exp(lⱼ) (Eq. 4), the cross-entropy of target t is

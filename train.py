@@ -52,10 +52,11 @@ def build_model(args) -> GPT:
     --data_order random, the data's windows: data.py)."""
     torch.manual_seed(args.seed)
     model = from_config(vars(args))
-    # The loss path: on CPU fused_loss.py's, the head's loss and gradients without the N × V
-    # logits (on torch ≥ 2.13 torch's F.linear_cross_entropy for a float32 head that adds nothing
-    # inside the softmax, else chunks through the head's hooks); on CUDA heads.py's plain
-    # forward. The result is the same up to rounding; --loss_chunk chooses (0: plain).
+    # The loss path: None, heads.py's plain forward (CUDA's default, --loss_chunk 0), or chunks
+    # of --loss_chunk tokens (CPU's default: 64) without the N × V logits: torch's
+    # F.linear_cross_entropy where fused_loss.uses_torch_op holds (a head that adds nothing inside
+    # the softmax, a float32 matmul, torch ≥ 2.13), else fused_loss.py's loop through the head's
+    # hooks. The same loss up to rounding; the line after the run's settings line names it.
     model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     return model
 
@@ -129,8 +130,8 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
         if isinstance(wrapped, DDP):  # all-reduce the gradients in the last backward only
             wrapped.require_backward_grad_sync = micro == grad_accum - 1
         with amp:
-            objective, stats = wrapped(x, y)  # heads.Head.forward: (CE + regulariser,
-            # {ce, reg}), by head.loss_path where build_model set one
+            objective, stats = wrapped(x, y)  # GPT.forward, then its head (its loss_path):
+            # CE + regulariser, {ce, reg}
         (objective / grad_accum).backward()
         sums += torch.stack((stats["ce"], objective.detach()))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -273,7 +274,9 @@ def timed(fn, *args):  # fn(*args) and its seconds (fn reads a device value: the
 # ---- The loop -------------------------------------------------------------------------------
 def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
     """Steps until --steps (or --stop_at), logging, evaluating and saving on the way, then the
-    summary (None after --stop_at); a loss that turns non-finite ends the run early, diverged."""
+    summary (None after --stop_at); a loss that turns non-finite ends the run early, diverged.
+    progress (runs.Progress): the steps done, the val loss before training, the seconds so far."""
+    # grad_accum is whole: options.py refuses a --batch_size not a multiple of the other two
     say, grad_accum = ctx.say, args.batch_size // (args.micro_batch * ctx.world_size)
     amp = autocast(ctx.device, args.dtype)
     # The wrappers share the model's parameters. What fails to compile runs eagerly (CompileWatch
@@ -291,6 +294,8 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         f"process(es) × {grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
         f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}{compiled_text}"
         f"{threads_text}; {resuming}{args.steps} steps")
+    matmul = model.head.matmul_dtype or getattr(torch, args.dtype)  # the head's, else autocast's
+    say(f"loss path: {fused_loss.path_name(model.head, matmul)}")
     eval_s = log_s = 0.0  # seconds of the last evaluation and log step, for the ETA
     if progress.init_loss is None:
         progress.init_loss, eval_s = timed(evaluate, compiled, args, ctx, amp)
@@ -299,6 +304,7 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
             folder.snapshot(model, 0)
     peak = peak_flops(ctx.device, args.dtype)  # MFU: tokens/s × FLOPs a token / all peaks
     mfu_per_tok = model.flops_per_token(args.seq_len) / (peak * ctx.world_size) if peak else 0
+    # folder.loader: this rank's data.ShardLoader of --micro_batch rows, --batch_size a step
     watch, next_batch = FiniteWatch(ctx.device), device_batches(folder.loader, ctx.device)
     diverged_at, last_val, start = None, None, time.perf_counter()
     speed, first_step = Throughput(ctx.device, tokens_per_step), progress.step + 1
@@ -311,8 +317,8 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
         is_save = step == args.steps or step % args.save_every == 0
-        watch.push(step, result.objective)  # on CUDA read a step late, so the GPU never waits;
-        diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)  # all before a log or save
+        watch.push(step, result.objective)  # on CUDA read once the next step is queued, so the
+        diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)  # GPU never waits
         if diverged_at is not None:
             say(f"step {diverged_at}: the loss is not finite; the run diverged and stops")
             break
