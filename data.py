@@ -109,10 +109,11 @@ class ShardLoader:
     """Batches (x, y) of int64 CPU tensors (B, T): B = batch_size rows of T = seq_len tokens a
     call on this rank, from a split's shards, never read whole.
 
-    Rows are numbered globally: a step of S = step_rows rows (default W·B) is S / (W·B) micro-
-    batches, rank r's k-th holding rows g = k·W·B + r·B + b, b < B. Row g's window w (T + 1
-    tokens; x = w[:-1], y = w[1:]) depends on g alone, so every split of a step's rows into
-    micro-batches, ranks and B reads the same windows, and between steps has one state_dict.
+    Rows are numbered globally: a step of S = step_rows rows (default W·B; a trainer's global
+    batch, over all W ranks) is S / (W·B) micro-batches, rank r's k-th holding rows
+    g = k·W·B + r·B + b, b < B. Row g's window w (T + 1 tokens; x = w[:-1], y = w[1:]) depends
+    on g alone, so every split of a step's rows into micro-batches, ranks and B reads the same
+    windows, and between steps has one state_dict.
 
     sequential: row g of a step starting at position p reads the window at p + (g mod S)·T; the
     next step starts at p + S·T. A step whose S·T + 1 tokens do not fit starts the next shard at

@@ -34,10 +34,12 @@ def uses_torch_op(head, matmul_dtype, torch_op=None) -> bool:
                 and matmul_dtype in (torch.float32, torch.float64))
 
 
-def path_name(head, matmul_dtype) -> str:
-    """In words, what head.loss_path (set by loss_path) runs with this matmul dtype."""
+def path_name(head, run_dtype) -> str:
+    """In words, what head.loss_path (set by loss_path) runs in a run of run_dtype (autocast's, or
+    float32): the matmul is in head.matmul_dtype where set, as chunked_loss chooses."""
     if head.loss_path is None:
         return "heads.py's plain forward"
+    matmul_dtype = head.matmul_dtype or run_dtype
     way = "torch's F.linear_cross_entropy" if uses_torch_op(head, matmul_dtype) else \
         "fused_loss.py's loop through the head's hooks"
     return f"{way}, {head.loss_path.keywords['chunk_size']} tokens a chunk"
@@ -49,7 +51,7 @@ def chunked_loss(head, h, weight, targets, chunk_size=CHUNK_SIZE, torch_op=None)
 
     cap_logits and log_z_penalty run inside the chunk loop, each chunk's derivatives of them by
     autograd; regulariser(weight) is added afterwards. The matmul runs in head.matmul_dtype, else
-    as autocast says. Torch's op serves where uses_torch_op says, our loop all other heads;
+    as autocast says. Torch's op serves where uses_torch_op says, our loop everywhere else;
     torch_op=False forces our loop, True asks for torch's op where it serves the head."""
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size!r}.")

@@ -197,6 +197,7 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
         h, y = h[::stride], y[::stride]
     weight, dtype = model.output_weight, model.head.matmul_dtype or getattr(torch, args.dtype)
     with amp:
+        # measure.logit_stats and precision_stats: a row per statistic, a column per token
         logit = torch.cat([measure.logit_stats(model.head.logits(c, weight))
                            for c in h.split(STAT_CHUNK)], dim=1)
     h_p, y_p = h[::PRECISION_STRIDE], y[::PRECISION_STRIDE]
@@ -275,7 +276,8 @@ def timed(fn, *args):  # fn(*args) and its seconds (fn reads a device value: the
 def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
     """Steps until --steps (or --stop_at), logging, evaluating and saving on the way, then the
     summary (None after --stop_at); a loss that turns non-finite ends the run early, diverged.
-    progress (runs.Progress): the steps done, the val loss before training, the seconds so far."""
+    progress (runs.Progress): the steps done, the val loss before training, the seconds so far;
+    folder (runs.RunFolder): its calls write on rank 0 only, ckpt.pt with folder.loader's place."""
     # grad_accum is whole: options.py refuses a --batch_size not a multiple of the other two
     say, grad_accum = ctx.say, args.batch_size // (args.micro_batch * ctx.world_size)
     amp = autocast(ctx.device, args.dtype)
@@ -294,8 +296,7 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         f"process(es) × {grad_accum} micro-batch(es) of {args.micro_batch}×{args.seq_len} = "
         f"{tokens_per_step:,} tokens per step; {ctx.device} {args.dtype}{compiled_text}"
         f"{threads_text}; {resuming}{args.steps} steps")
-    matmul = model.head.matmul_dtype or getattr(torch, args.dtype)  # the head's, else autocast's
-    say(f"loss path: {fused_loss.path_name(model.head, matmul)}")
+    say(f"loss path: {fused_loss.path_name(model.head, getattr(torch, args.dtype))}")
     eval_s = log_s = 0.0  # seconds of the last evaluation and log step, for the ETA
     if progress.init_loss is None:
         progress.init_loss, eval_s = timed(evaluate, compiled, args, ctx, amp)
@@ -307,6 +308,7 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
     # folder.loader: this rank's data.ShardLoader of --micro_batch rows, --batch_size a step
     watch, next_batch = FiniteWatch(ctx.device), device_batches(folder.loader, ctx.device)
     diverged_at, last_val, start = None, None, time.perf_counter()
+    # speed: tokens/s over the steps counted since restart(), read() and restart() sync the device
     speed, first_step = Throughput(ctx.device, tokens_per_step), progress.step + 1
     time_before = progress.train_time_s
     while progress.step < args.steps:
@@ -317,8 +319,12 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
         is_save = step == args.steps or step % args.save_every == 0
-        watch.push(step, result.objective)  # on CUDA read once the next step is queued, so the
-        diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)  # GPU never waits
+        # The objective is all-reduced, alike on every rank; on CUDA FiniteWatch reads it exactly
+        # one step late, once the next is queued (on CPU at once; all before a log or a save,
+        # which read the device anyway), so no step waits for its own flag and every rank stops
+        # at the same step.
+        watch.push(step, result.objective)
+        diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)
         if diverged_at is not None:
             say(f"step {diverged_at}: the loss is not finite; the run diverged and stops")
             break
@@ -375,6 +381,7 @@ def final_summary(model, compiled, progress, diverged_at, last_val, args, ctx, a
 def main(argv=None) -> GPT | None:
     """One run: the model (None when --resume finds the run finished)."""
     args = parse_args(argv)  # checked; "auto" device, dtype, compile and micro_batch resolved
+    # ctx (runs.Dist): rank, local_rank, world_size, device; ctx.say prints on rank 0 only
     with run_process(args) as ctx, run_folder(args, ctx) as folder:  # locked; data made ready
         if folder is None:
             return None

@@ -227,8 +227,8 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
 
 
 def test_the_path_name_says_which_implementation_runs(monkeypatch):
-    """What train.py prints: torch's op exactly where chunked_loss calls it, for every head and
-    matmul dtype; heads.py's forward without a loss_path."""
+    """What train.py prints: torch's op exactly where chunked_loss calls it, for every head with
+    a float32 and a bf16 matmul; heads.py's forward without a loss_path."""
     calls = []
     if fused_loss.TORCH_OP:
         real = F.linear_cross_entropy
