@@ -48,6 +48,16 @@ class AllThree(AtanCap, CubedLogZ, RowNorms):
 CUSTOM_HEADS = {cls.__name__: cls for cls in (AtanCap, CubedLogZ, RowNorms, AllThree)}
 
 
+def count_torch_op_calls(monkeypatch) -> list:
+    """A list that grows by one with every call of F.linear_cross_entropy (empty without it)."""
+    calls = []
+    if fused_loss.TORCH_OP:
+        real = F.linear_cross_entropy
+        monkeypatch.setattr(F, "linear_cross_entropy",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
 def make_head(name):
     if name in CUSTOM_HEADS:
         return CUSTOM_HEADS[name]()
@@ -146,11 +156,7 @@ def test_every_path_computes_the_head_it_is_given(name, all_ignored, chunk_size,
                                                   monkeypatch):
     """Built-in or new, the chunked path (torch's op where plain_softmax holds and torch_op is
     None, our loop elsewhere) gives the plain path's loss, stats and gradients in float64."""
-    calls = []
-    if fused_loss.TORCH_OP:
-        real = F.linear_cross_entropy
-        monkeypatch.setattr(F, "linear_cross_entropy",
-                            lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_torch_op_calls(monkeypatch)
     head = make_head(name)
     h, w, targets = make_inputs(torch.float64)
     if all_ignored:
@@ -208,11 +214,7 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
     """baseline / μ-loss / μ-centering go through F.linear_cross_entropy in float32 but not with
     a bf16 matmul (torch's op would round the loss to bf16); soft-cap and z-loss never; and
     without the op (torch < 2.13) every head falls back to our own loop."""
-    calls = []
-    if fused_loss.TORCH_OP:
-        real = F.linear_cross_entropy
-        monkeypatch.setattr(F, "linear_cross_entropy",
-                            lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_torch_op_calls(monkeypatch)
     h, w, targets = make_inputs(torch.float32)
     for name in heads.HEADS:
         fused_loss.chunked_loss(make_head(name), h, w, targets, chunk_size=8)
@@ -229,11 +231,7 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
 def test_the_path_name_says_which_implementation_runs(monkeypatch):
     """What train.py prints: torch's op exactly where chunked_loss calls it, for every head with
     a float32 and a bf16 matmul; heads.py's forward without a loss_path."""
-    calls = []
-    if fused_loss.TORCH_OP:
-        real = F.linear_cross_entropy
-        monkeypatch.setattr(F, "linear_cross_entropy",
-                            lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_torch_op_calls(monkeypatch)
     h, w, targets = make_inputs(torch.float32)
     for name in heads.HEADS:
         for dtype in (torch.float32, torch.bfloat16):
