@@ -107,10 +107,10 @@ def shard_paths(data_dir, split):
 # ----------------------------------------------------------------------------- loading
 class ShardLoader:
     """Batches (x, y) of int64 CPU tensors (B, T): B = batch_size rows of T = seq_len tokens a
-    call on this rank, from a split's shards, never read whole.
+    call on this rank (a trainer's micro-batch), from a split's shards, never read whole.
 
-    Rows are numbered globally: a step of S = step_rows rows (default W·B; a trainer's global
-    batch, over all W ranks) is S / (W·B) micro-batches, rank r's k-th holding rows
+    Rows are numbered globally: a step of S = step_rows rows (a trainer passes its global batch,
+    over all W ranks; default W·B) is S / (W·B) micro-batches, rank r's k-th holding rows
     g = k·W·B + r·B + b, b < B. Row g's window w (T + 1 tokens; x = w[:-1], y = w[1:]) depends
     on g alone, so every split of a step's rows into micro-batches, ranks and B reads the same
     windows, and between steps has one state_dict.

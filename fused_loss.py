@@ -28,8 +28,8 @@ def loss_path(chunk_size, device_type):
 
 
 def uses_torch_op(head, matmul_dtype, torch_op=None) -> bool:
-    """Whether torch's op (TORCH_OP) serves head: it adds nothing inside the softmax
-    (plain_softmax) and the matmul is float32 or float64 (in bf16 it would round the loss itself)."""
+    """Whether torch's op (TORCH_OP) serves head: it adds nothing inside the softmax (plain_softmax)
+    and the matmul is float32 or float64 (in bf16 the op would round the loss itself)."""
     return bool((TORCH_OP if torch_op is None else torch_op) and head.plain_softmax
                 and matmul_dtype in (torch.float32, torch.float64))
 

@@ -111,15 +111,15 @@ class Head(nn.Module):
         logits = self.logits(h, weight)
         logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
         keep = targets != IGNORE
-        # CE_r = log Z_r − l_r,t per token (0 where ignored), so log Z needs no pass over N × V
+        # log Z_r = CE_r + l_r,t: no pass over N × V; keep drops the ignored rows (CE 0, id 0)
         ce_per_token = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
         ce = ce_per_token.sum() / keep.sum().clamp(min=1)
         log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
-        terms = [token_mean(p, keep) for p in (self.log_z_penalty(log_z),) if p is not None]
-        terms += [r for r in (self.regulariser(weight),) if r is not None]
-        if not terms:
-            return ce, {"ce": ce.detach(), "reg": torch.zeros_like(ce)}
-        reg = sum(terms[1:], terms[0])
+        reg = torch.zeros_like(ce)
+        if (penalty := self.log_z_penalty(log_z)) is not None:
+            reg = reg + token_mean(penalty, keep)
+        if (weight_term := self.regulariser(weight)) is not None:
+            reg = reg + weight_term
         return ce + reg, {"ce": ce.detach(), "reg": reg.detach()}
 
     @torch.no_grad()

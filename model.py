@@ -170,8 +170,8 @@ class GPT(nn.Module):
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """The final hidden state h (B, T, D), after the final LayerNorm. Bad idx is one sentence;
-        its id range is checked on CPU only (a GPU would sync: train.py's runs.make_ready checks
-        the shards' largest id against vocab_size)."""
+        its id range is checked on CPU only (a GPU would sync: train.py checks the shards' largest
+        id against vocab_size, in runs.make_ready)."""
         V, block_size = self.config.vocab_size, self.config.block_size
         if idx.dim() != 2 or idx.numel() == 0:
             raise ValueError(f"idx must be a non-empty (batch, time) tensor of token ids, "

@@ -396,7 +396,7 @@ class RunFolder:
         """A JSON line at the end of log.jsonl, whole or not at all (a full disk's part is cut)."""
         if not self.ctx.master:
             return
-        with store.WatchedFile.opened(self.out / "log.jsonl", "ab") as f:  # all of it, or WriteError
+        with store.WatchedFile.opened(self.out / "log.jsonl", "ab") as f:  # all, or WriteError
             size = os.fstat(f.fileno()).st_size
             try:
                 f.write((json_text(record) + "\n").encode())

@@ -2,10 +2,11 @@
 `python train.py --help` lists the options, grouped, with an example.
 
 Read it top to bottom: the recipe, `build_model`, `train_step` (one optimizer step), the
-measurements, `training_loop`, `main`. runs.py holds the plumbing: the device and the processes,
-the run folder (its lock, config.json, log.jsonl, ckpt.pt for --resume, summary.json, each
-written whole), the data made ready, the CPU threads, the console line and the speed
-(Throughput, MFU's peak, the ETA), what torch.compile gave up on (CompileWatch), and
+measurements, `training_loop`, `main`. `ctx` is this process (runs.Dist: rank, local_rank,
+world_size, device; ctx.say prints on rank 0 only). runs.py holds the plumbing: the device and
+the processes, the run folder (its lock, config.json, log.jsonl, ckpt.pt for --resume,
+summary.json, each written whole), the data made ready, the CPU threads, the console line and
+the speed (Throughput, MFU's peak, the ETA), what torch.compile gave up on (CompileWatch), and
 FiniteWatch, which reads whether a loss was finite without making the GPU wait. A run whose
 loss turns non-finite stops, records diverged: true and exits 0.
 """
@@ -52,11 +53,12 @@ def build_model(args) -> GPT:
     --data_order random, the data's windows: data.py)."""
     torch.manual_seed(args.seed)
     model = from_config(vars(args))
-    # The loss path: None, heads.py's plain forward (CUDA's default, --loss_chunk 0), or chunks
-    # of --loss_chunk tokens (CPU's default: 64) without the N × V logits: torch's
-    # F.linear_cross_entropy where fused_loss.uses_torch_op holds (a head that adds nothing inside
-    # the softmax, a float32 matmul, torch ≥ 2.13), else fused_loss.py's loop through the head's
-    # hooks. The same loss up to rounding; the line after the run's settings line names it.
+    # The loss path, each returning Head.forward's (loss, {ce, reg}), up to rounding:
+    #   --loss_chunk 0 (CUDA's default)  None: heads.py's plain forward, all N × V logits kept
+    #   --loss_chunk N (CPU's default 64)  chunks of N tokens, without the N × V logits: torch's
+    #       F.linear_cross_entropy where fused_loss.uses_torch_op holds (a head that adds nothing
+    #       inside the softmax, a float32 matmul, torch ≥ 2.13), else fused_loss.py's own loop
+    # The line after the run's settings line names the one taken.
     model.head.loss_path = fused_loss.loss_path(args.loss_chunk, torch.device(args.device).type)
     return model
 
@@ -119,8 +121,9 @@ def train_step(wrapped, optimizer, next_batch, lr: float, grad_accum: int, amp) 
     """One optimizer step: A = grad_accum = batch_size / (micro_batch · world_size) micro-batches
     per process, each objective backpropagated as objective / A, clip, AdamW, head.after_step(W).
     The gradient g = (1/A) Σₐ ∇objective_a averaged over processes is that of the mean objective
-    over the global batch (every micro-batch has as many tokens); DDP all-reduces on the last
-    micro-batch only. Nothing here waits for the device: the losses stay tensors."""
+    over the global batch (every micro-batch has as many tokens, none of them ignored: the
+    loader yields no -1 target); DDP all-reduces on the last micro-batch only. Nothing here waits
+    for the device: the losses stay tensors."""
     model = unwrap(wrapped)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -287,6 +290,7 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
     compiled = torch.compile(model) if args.compile else model  # runs the evaluations
     wrapped = compiled if ctx.world_size == 1 else \
         DDP(compiled, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    # folder.config: what config.json records; cpu_threads is None on a GPU (choose_cpu_threads)
     tokens_per_step, threads = args.batch_size * args.seq_len, folder.config["cpu_threads"]
     compiled_text = " compiled" if args.compile else ""
     threads_text = f", {threads} CPU thread(s)" if threads else ""
@@ -320,9 +324,9 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         is_log = is_eval or step % args.log_every == 0
         is_save = step == args.steps or step % args.save_every == 0
         # The objective is all-reduced, alike on every rank; on CUDA FiniteWatch reads it exactly
-        # one step late, once the next is queued (on CPU at once; all before a log or a save,
-        # which read the device anyway), so no step waits for its own flag and every rank stops
-        # at the same step.
+        # one step late, once the next is queued (on CPU at once), so only a log or a save step,
+        # which waits for the device anyway, reads its own flag; every rank stops at the same
+        # step.
         watch.push(step, result.objective)
         diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)
         if diverged_at is not None:
@@ -339,9 +343,11 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
             if is_eval:
                 last_val, eval_s = timed(evaluate, compiled, args, ctx, amp)
                 record["val_loss"] = last_val
-            eta = None if per_step is None else eta_seconds(
-                step, args, per_step, log_s, eval_s,  # a log step measures every process's
-                min(LOG_STAT_TOKENS, result.last_y.numel()) * ctx.world_size)
+            # a log step measured about these tokens (every k-th) in log_s: the ETA prices the
+            # final statistics from them
+            log_tokens = min(LOG_STAT_TOKENS, result.last_y.numel()) * ctx.world_size
+            eta = None if per_step is None else eta_seconds(step, args, per_step, log_s, eval_s,
+                                                            log_tokens)
             say(log_line(record, args.steps, eta=eta))
             folder.log(record)
         progress.train_time_s = time_before + time.perf_counter() - start
@@ -381,7 +387,6 @@ def final_summary(model, compiled, progress, diverged_at, last_val, args, ctx, a
 def main(argv=None) -> GPT | None:
     """One run: the model (None when --resume finds the run finished)."""
     args = parse_args(argv)  # checked; "auto" device, dtype, compile and micro_batch resolved
-    # ctx (runs.Dist): rank, local_rank, world_size, device; ctx.say prints on rank 0 only
     with run_process(args) as ctx, run_folder(args, ctx) as folder:  # locked; data made ready
         if folder is None:
             return None

@@ -4,6 +4,7 @@ Heads defined here, overriding the hooks, check that every path computes the hea
 through its hooks."""
 import functools
 import importlib
+import itertools
 
 import pytest
 import torch
@@ -229,13 +230,14 @@ def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(mo
 
 
 def test_the_path_name_says_which_implementation_runs(monkeypatch):
-    """What train.py prints: torch's op exactly where chunked_loss calls it, for every head with
-    a float32 and a bf16 matmul; heads.py's forward without a loss_path."""
+    """What train.py prints: torch's op exactly where chunked_loss calls it, for every head in a
+    float32 and a bf16 (autocast) run, with and without a float32 head matmul; heads.py's
+    forward without a loss_path."""
     calls = count_torch_op_calls(monkeypatch)
     h, w, targets = make_inputs(torch.float32)
-    for name in heads.HEADS:
+    for name, head_dtype in itertools.product(heads.HEADS, (None, torch.float32)):
         for dtype in (torch.float32, torch.bfloat16):
-            head = make_head(name)
+            head = heads.build(name, **HPARAMS.get(name, {}), matmul_dtype=head_dtype)
             head.loss_path = fused_loss.loss_path(8, "cpu")
             before = len(calls)
             with torch.autocast("cpu", dtype=dtype, enabled=dtype == torch.bfloat16):
@@ -244,7 +246,7 @@ def test_the_path_name_says_which_implementation_runs(monkeypatch):
             assert fused_loss.path_name(head, dtype) == (
                 "torch's F.linear_cross_entropy, 8 tokens a chunk" if ran_op else
                 "fused_loss.py's loop through the head's hooks, 8 tokens a chunk"), (name, dtype)
-    assert len(calls) == (3 if fused_loss.TORCH_OP else 0)
+    assert len(calls) == (3 * 3 if fused_loss.TORCH_OP else 0)  # 3 of the 4 matmuls: float32
     assert fused_loss.path_name(make_head("baseline"), torch.float32) == "heads.py's plain forward"
 
 
