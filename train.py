@@ -323,10 +323,10 @@ def training_loop(model: GPT, optimizer, folder, progress, args, ctx) -> dict:
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)
         is_log = is_eval or step % args.log_every == 0
         is_save = step == args.steps or step % args.save_every == 0
-        # The objective is all-reduced, alike on every rank; on CUDA FiniteWatch reads it exactly
-        # one step late, once the next is queued (on CPU at once), so only a log or a save step,
-        # which waits for the device anyway, reads its own flag; every rank stops at the same
-        # step.
+        # The objective is all-reduced, alike on every rank. On CUDA FiniteWatch reads it one
+        # step late, once the next is queued, so there only a log or a save step (which waits for
+        # the device anyway) reads its own flag; on CPU every step reads its own at once. Every
+        # rank stops at the same step.
         watch.push(step, result.objective)
         diverged_at = watch.first_nonfinite(wait_all=is_log or is_save)
         if diverged_at is not None:

@@ -246,7 +246,8 @@ def test_the_path_name_says_which_implementation_runs(monkeypatch):
             assert fused_loss.path_name(head, dtype) == (
                 "torch's F.linear_cross_entropy, 8 tokens a chunk" if ran_op else
                 "fused_loss.py's loop through the head's hooks, 8 tokens a chunk"), (name, dtype)
-    assert len(calls) == (3 * 3 if fused_loss.TORCH_OP else 0)  # 3 of the 4 matmuls: float32
+    # 3 plain-softmax heads × the 3 of 4 dtype settings whose matmul is float32
+    assert len(calls) == (3 * 3 if fused_loss.TORCH_OP else 0)
     assert fused_loss.path_name(make_head("baseline"), torch.float32) == "heads.py's plain forward"
 
 
