@@ -108,19 +108,19 @@ class Head(nn.Module):
         """(loss, stats) of 0-dim tensors, loss with grad; no .item(): no device sync here."""
         if self.loss_path is not None:
             return self.loss_path(self, h, weight, targets)
-        logits = self.logits(h, weight)
-        logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        logits, targets = self.logits(h, weight).reshape(-1, len(weight)), targets.reshape(-1)
         keep = targets != IGNORE
         # log Z_r = CE_r + l_r,t: no pass over N × V; keep drops the ignored rows (CE 0, id 0)
         ce_per_token = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
         ce = ce_per_token.sum() / keep.sum().clamp(min=1)
         log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
-        reg = torch.zeros_like(ce)
+        reg = None
         if (penalty := self.log_z_penalty(log_z)) is not None:
-            reg = reg + token_mean(penalty, keep)
+            reg = token_mean(penalty, keep)
         if (weight_term := self.regulariser(weight)) is not None:
-            reg = reg + weight_term
-        return ce + reg, {"ce": ce.detach(), "reg": reg.detach()}
+            reg = weight_term if reg is None else reg + weight_term
+        loss, reg = (ce, torch.zeros_like(ce)) if reg is None else (ce + reg, reg)  # CE: as is
+        return loss, {"ce": ce.detach(), "reg": reg.detach()}
 
     @torch.no_grad()
     def after_step(self, weight):
