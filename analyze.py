@@ -261,12 +261,12 @@ def run_logits(args) -> dict:
 
     def precision(E):  # measure.precision_stat_sums over the tokens, as means
         sums = sum(measure.precision_stat_sums(gpt.head, h, E, y, dtype).cpu() for h, y in chunks)
-        return dict(zip(measure.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
-    stats = sum(measure.logit_stats(gpt.head.logits(h.double(), W)).sum(1) for h, _ in chunks)
-    h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
+        return dict(zip(heads.PRECISION_STATS, (sums[:-1] / sums[-1]).tolist()))
+    stats = sum(heads.logit_stats(gpt.head.logits(h.double(), W)).sum(1) for h, _ in chunks)
+    h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tie=bool(cfg.get("tie")), tokens=len(H),
                   dtype=args.dtype, h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
-                  **dict(zip(measure.LOGIT_STATS, (stats / len(H)).tolist())),
+                  **dict(zip(heads.LOGIT_STATS, (stats / len(H)).tolist())),
                   **precision(weight), **theorem4_bounds(W))
     print_table([dict(quantity=key, value=result[key], meaning=MEANING[key]) for key in MEANING
                  if key in result], f"logits: {describe(args, cfg, step)}; per-token figures "

@@ -36,7 +36,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data
 import fused_loss
 import heads
-import measure
 from model import GPT, from_config
 from options import parse_args
 from runs import (CompileWatch, FiniteWatch, Throughput, eta_seconds, log_line,
@@ -151,8 +150,8 @@ STAT_CHUNK = 64         # tokens per logits chunk: temporaries of a few × 64 ×
 LOG_STAT_TOKENS = 128   # tokens per process of a log step's logit statistics
 PRECISION_STRIDE = 4    # the precision statistics take every 4th of those tokens (the costly ones)
 # Logged and summarised per token: the paper's logit statistics (l̄, σ_l, max |l|, log²Z) and
-# prec_*, what rounding the head's matmul to the run's dtype costs (measure.precision_stats)
-HEAD_STATS = measure.LOGIT_STATS + measure.PRECISION_STATS
+# prec_*, what rounding the head's matmul to the run's dtype costs (heads.precision_stats)
+HEAD_STATS = heads.LOGIT_STATS + heads.PRECISION_STATS
 ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up with μ
 
 
@@ -160,10 +159,10 @@ ALIGN_STATS = ("h_mu_proj", "h_mu_cos")  # how the mean hidden state lines up wi
 class TokenSums:
     """Sums over the measured tokens, float64, added over batches and processes: Σx and Σx² of
     each per-token statistic x, the token count, and Σ h (for the mean hidden state h̄)."""
-    logit_sum: torch.Tensor      # (len(measure.LOGIT_STATS),)
+    logit_sum: torch.Tensor      # (len(heads.LOGIT_STATS),)
     logit_sq: torch.Tensor
     logit_n: torch.Tensor        # 0-dim
-    precision_sum: torch.Tensor  # (len(measure.PRECISION_STATS),), every PRECISION_STRIDE-th token
+    precision_sum: torch.Tensor  # (len(heads.PRECISION_STATS),), every PRECISION_STRIDE-th token
     precision_sq: torch.Tensor
     precision_n: torch.Tensor
     hidden_sum: torch.Tensor     # (D,), over the logit tokens
@@ -189,8 +188,8 @@ def mu_norm(model: GPT) -> torch.Tensor:
 def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
                    max_tokens: int | None = None) -> TokenSums:
     """TokenSums over the tokens of x whose target is not -1 (with max_tokens, every k-th,
-    k = ⌈N / max_tokens⌉): measure.logit_stats of the logits as the run computes them on each,
-    measure.precision_stats on every PRECISION_STRIDE-th."""
+    k = ⌈N / max_tokens⌉): heads.logit_stats of the logits as the run computes them on each,
+    heads.precision_stats on every PRECISION_STRIDE-th."""
     with amp:
         h = model.hidden(x).flatten(0, -2)
     keep = y.flatten() != heads.IGNORE
@@ -200,11 +199,11 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
         h, y = h[::stride], y[::stride]
     weight, dtype = model.output_weight, model.head.matmul_dtype or getattr(torch, args.dtype)
     with amp:
-        # measure.logit_stats and precision_stats: a row per statistic, a column per token
-        logit = torch.cat([measure.logit_stats(model.head.logits(c, weight))
+        # heads.logit_stats and precision_stats: a row per statistic, a column per token
+        logit = torch.cat([heads.logit_stats(model.head.logits(c, weight))
                            for c in h.split(STAT_CHUNK)], dim=1)
     h_p, y_p = h[::PRECISION_STRIDE], y[::PRECISION_STRIDE]
-    precision = measure.precision_stats(model.head, h_p, weight, y_p, dtype, STAT_CHUNK)
+    precision = heads.precision_stats(model.head, h_p, weight, y_p, dtype, STAT_CHUNK)
     count = logit.new_tensor
     return TokenSums(logit.sum(dim=1), logit.square().sum(dim=1), count(len(h)),
                      precision.sum(dim=1), precision.square().sum(dim=1), count(len(h_p)),
@@ -213,17 +212,17 @@ def head_stat_sums(model: GPT, x: torch.Tensor, y: torch.Tensor, args, amp,
 
 def head_stats(sums: TokenSums, model: GPT, with_se: bool = False) -> dict:
     """The means over all tokens of all processes (all-reduced here) of HEAD_STATS, the mean
-    hidden state's alignment with μ (ALIGN_STATS, measure.mean_state_alignment) and, with_se,
+    hidden state's alignment with μ (ALIGN_STATS, heads.mean_state_alignment) and, with_se,
     each mean's standard error √(var/(n−1)) as <stat>_se (tokens as independent)."""
     s, stats, errors = sums.all_reduced(), {}, {}
-    for names, total, squares, n in ((measure.LOGIT_STATS, s.logit_sum, s.logit_sq, s.logit_n),
-                                     (measure.PRECISION_STATS, s.precision_sum, s.precision_sq,
+    for names, total, squares, n in ((heads.LOGIT_STATS, s.logit_sum, s.logit_sq, s.logit_n),
+                                     (heads.PRECISION_STATS, s.precision_sum, s.precision_sq,
                                       s.precision_n)):
         mean = total / n
         stats |= dict(zip(names, mean.tolist()))
         se = ((squares / n - mean.square()).clamp(min=0) / (n - 1)).sqrt()
         errors |= {f"{name}_se": value for name, value in zip(names, se.tolist())}
-    proj, cos = measure.mean_state_alignment(s.hidden_sum / s.logit_n,
+    proj, cos = heads.mean_state_alignment(s.hidden_sum / s.logit_n,
                                              model.output_weight.detach())
     return stats | {"h_mu_proj": proj.item(), "h_mu_cos": cos.item()} | (errors if with_se else {})
 

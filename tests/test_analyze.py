@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import analyze
-import data
 import prepare
 import heads
 import measure
@@ -135,7 +134,7 @@ def test_verify_reports_the_failing_step_of_theorem_4():
 
 def test_logit_statistics_per_token():
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, -6.0]], dtype=torch.float64)
-    out = dict(zip(measure.LOGIT_STATS, measure.logit_stats(logits).sum(1).tolist()))
+    out = dict(zip(heads.LOGIT_STATS, heads.logit_stats(logits).sum(1).tolist()))
     assert out["logit_mean"] == pytest.approx(2.0 + -2.0)
     assert out["logit_std"] == pytest.approx(math.sqrt(2 / 3) + math.sqrt(8))
     assert out["logit_absmax"] == pytest.approx(3 + 6)
@@ -327,7 +326,7 @@ def test_every_printed_figure_says_in_words_what_it_is(runs, capsys):
     bottleneck = cli("bottleneck", "--run", runs["untied"], "--tokens", 64)
     lines = capsys.readouterr().out.splitlines()
     assert "mean logit l̄ = (1/V)·Σᵢ lᵢ (Eq. 8)" in analyze.MEANING["logit_mean"]
-    shown = [*measure.LOGIT_STATS, "mu_norm", "h_mu_proj", "B_ratio", *measure.PRECISION_STATS]
+    shown = [*heads.LOGIT_STATS, "mu_norm", "h_mu_proj", "B_ratio", *heads.PRECISION_STATS]
     for key in shown:
         row, = [line for line in lines if line.startswith(key + " ")]
         assert row.endswith(analyze.MEANING[key]) and key in logits

@@ -2,7 +2,6 @@
 of every head and SETTINGS dtype, through torch's op and our loop; gradcheck of our backward.
 Heads defined here, overriding the hooks, check that every path computes the head it is given
 through its hooks."""
-import functools
 import importlib
 import itertools
 

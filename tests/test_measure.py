@@ -15,8 +15,8 @@ import prepare
 import runs
 import train
 
-LOGIT_REL = 1e-5      # measure.logit_stats against float64 (logit_mean: of max |l|)
-PRECISION_REL = 1e-3  # measure.precision_stats against float64
+LOGIT_REL = 1e-5      # heads.logit_stats against float64 (logit_mean: of max |l|)
+PRECISION_REL = 1e-3  # heads.precision_stats against float64
 CPU = torch.device("cpu")
 FLOAT32 = train.autocast(CPU, "float32")
 
@@ -29,7 +29,7 @@ def reference_logit_stats(logits):
 
 
 def reference_precision_stats(head, h, weight, targets, dtype):
-    """measure.precision_stats's quantities by their definitions, everything in float64."""
+    """heads.precision_stats's quantities by their definitions, everything in float64."""
     exact = h.double() @ weight.double().T
     cast = h.to(dtype).double() @ weight.to(dtype).double().T
     rounded = F.linear(h.to(dtype), weight.to(dtype)).double()
@@ -54,7 +54,7 @@ def trained_like(V=2000, D=64, shift=3.0, seed=0):
 def test_logit_stats_are_within_the_stated_tolerance_of_float64(shift, dtype):
     weight, h, _ = trained_like(shift=shift)
     logits = F.linear(h.to(dtype), weight.to(dtype)).float()
-    got, want = measure.logit_stats(logits), reference_logit_stats(logits)
+    got, want = heads.logit_stats(logits), reference_logit_stats(logits)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=LOGIT_REL * want[2].max().item())
     torch.testing.assert_close(got[1:], want[1:], rtol=LOGIT_REL, atol=0)
 
@@ -65,7 +65,7 @@ def test_logit_stats_are_within_the_stated_tolerance_of_float64(shift, dtype):
 def test_precision_stats_are_within_the_stated_tolerance_of_float64(head, shift, dtype):
     weight, h, targets = trained_like(shift=shift)
     head = heads.build(head)
-    got = measure.precision_stats(head, h, weight, targets, dtype)
+    got = heads.precision_stats(head, h, weight, targets, dtype)
     want = reference_precision_stats(head, h, weight, targets, dtype)
     if dtype == torch.float32:
         assert (got[1] == 0).all() and (want[1] == 0).all()  # no input rounding at all
@@ -78,7 +78,7 @@ def test_precision_stats_are_within_the_stated_tolerance_of_float64(head, shift,
 
 def precision(weight, h, targets, dtype=torch.bfloat16, head="baseline"):
     sums = measure.precision_stat_sums(heads.build(head), h, weight, targets, dtype)
-    return dict(zip(measure.PRECISION_STATS, (sums[:3] / sums[3]).tolist()))
+    return dict(zip(heads.PRECISION_STATS, (sums[:3] / sums[3]).tolist()))
 
 
 @pytest.fixture
@@ -192,7 +192,7 @@ def test_statistics_count_only_the_tokens_whose_target_is_not_ignored():
         h_mean = model.hidden(x).double().flatten(0, 1)[keep].mean(0)
     assert stats["logit_mean"] == pytest.approx(l.mean(1).mean().item(), rel=1e-5)
     assert stats["log2Z"] == pytest.approx(torch.logsumexp(l, 1).square().mean().item(), rel=1e-5)
-    assert stats["h_mu_proj"] == pytest.approx(measure.mean_state_alignment(
+    assert stats["h_mu_proj"] == pytest.approx(heads.mean_state_alignment(
         h_mean, model.output_weight.detach())[0].item(), rel=1e-5)
 
 
@@ -202,9 +202,9 @@ def test_standard_errors_are_the_spread_over_tokens_over_root_n():
     stats = train.head_stats(train.head_stat_sums(model, x, y, args, FLOAT32), model,
                              with_se=True)
     with torch.no_grad():
-        per_token = measure.logit_stats(model(x).flatten(0, 1))     # 64 tokens
+        per_token = heads.logit_stats(model(x).flatten(0, 1))     # 64 tokens
     want = per_token.std(dim=1, correction=1) / 64 ** 0.5
-    got = [stats[f"{name}_se"] for name in measure.LOGIT_STATS]
+    got = [stats[f"{name}_se"] for name in heads.LOGIT_STATS]
     assert got == pytest.approx(want.tolist(), rel=1e-6)
     assert stats["prec_err_round_se"] > 0 and stats["prec_err_cast_se"] == 0  # float32: exact
 

@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, whose modules these import
 import analyze
 import data
+import heads
 import measure
 
 COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1), [1, 10), … ≥ 10⁴
@@ -89,7 +90,7 @@ def run_rarity(args) -> dict:
     hook = gpt.ln_f.register_forward_pre_hook(lambda _, x: residual.append(x[0].flatten(0, 1)))
     H = analyze.hidden_states(gpt, cfg, args, args.tokens)[0].double()
     hook.remove()
-    h_mu_proj, h_mu_cos = (x.item() for x in measure.mean_state_alignment(H.mean(0), W))
+    h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
     result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
                   h_mean_norm=H.mean(0).norm().item(),
                   h_norm_rms=H.square().sum(1).mean().sqrt().item(),
