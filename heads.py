@@ -1,44 +1,42 @@
 """The language-modeling head in five variants, after the paper *Output Embedding Centering
-for Stable LLM Pretraining*. Torch only; copy this file alone into any project.
+for Stable LLM Pretraining*, and the paper's statistics of its logits. Torch only: copy this
+file alone into any project.
 
     head = build("mu_center")                  # or baseline, soft_cap, z_loss, mu_loss
-    loss, stats = head(h, weight, targets)     # loss first; stats: detached "ce" and "reg"
+    loss, stats = head(h, weight, targets)     # stats: detached "ce" and "reg"
     loss.backward(); optimizer.step()          # h (..., D), weight (V, D), targets (...)
     head.after_step(weight)                    # on every rank; only μ-centering acts
 
-`weight` is the output embedding: the head's own matrix untied; tied (nanoGPT's default) it is
-also the input embedding, which centering then moves too (MuCenter). Under DDP the weights are
-identical on all ranks, so each rank's `after_step` subtracts the same μ; a sharded weight (FSDP,
-ZeRO) needs μ over all V rows (the weight all-gathered, or Σᵢ eᵢ all-reduced), not a shard's.
-With `head.loss_path = f`, forward returns f(head, h, weight, targets) instead of its plain path
-(the reference); f must compute the same loss from the head's hooks (fused_loss.py), and an f
-that computes only CE of the raw logits (torch's fused op) may serve only `plain_softmax` heads.
+`weight` is the output embedding; tied (nanoGPT's default), also the input one. Four things a
+copier meets:
+- Pass the rows the softmax should cover. This project, like the paper's code, passes all
+  50,304 (GPT-2's 50,257 padded). A model that keeps its padding out of the softmax passes
+  weight[:vocab_size]; else the loss and μ-centering count the padded rows too.
+- A bf16 h with a float32 weight and no autocast: build(name, matmul_dtype=torch.bfloat16)
+  (or torch.float32) runs the matmul in that dtype.
+- A per-token loss (for evaluation): F.cross_entropy(head.logits(h, weight).flatten(0, -2),
+  targets.flatten(), ignore_index=IGNORE, reduction="none").
+- soft_cap defaults to the paper's c = 30 (Gemma 2's); nanochat caps at 15:
+  build("soft_cap", cap=15).
+A sharded weight (FSDP, ZeRO) needs μ over all V rows, not a shard's.
 
 Notation. eᵢ ∈ ℝᴰ is row i of the V × D output embedding `weight`, h ∈ ℝᴰ a final hidden state,
 lᵢ = eᵢ·h the logits (Eq. 3), Z = Σⱼ exp(lⱼ) (Eq. 4), the cross-entropy of target t is
-CE = log Z − l_t = −log softmax(l)_t, μ = (1/V) Σᵢ eᵢ the mean output embedding (Eq. 7, over all
-V rows, padded rows included) and l̄ = (1/V) Σᵢ lᵢ the mean logit (Eq. 8).
+CE = log Z − l_t, μ = (1/V) Σᵢ eᵢ the mean output embedding (Eq. 7, over all V rows) and
+l̄ = (1/V) Σᵢ lᵢ the mean logit (Eq. 8).
 
 Lemma 1 (mean logit = μ·h).  l̄ = (1/V) Σᵢ eᵢ·h = ((1/V) Σᵢ eᵢ)·h = μ·h   (linearity)
-Lemma 2 (logit range).  |lⱼ| = |eⱼ·h| ≤ ‖eⱼ‖·‖h‖ ≤ maxᵢ‖eᵢ‖·‖h‖   (Cauchy–Schwarz); attained
-    for the worst unit h, only an upper bound for a given h (Theorem 4: theorem4.py).
+Lemma 2 (logit range).  |lⱼ| = |eⱼ·h| ≤ ‖eⱼ‖·‖h‖ ≤ maxᵢ‖eᵢ‖·‖h‖   (Cauchy–Schwarz)
 So a common shift μ of all rows moves every logit of a token by μ·h: the motivation for centering.
 
-Variants (`HEADS`; each class carries its hyperparameters and their defaults):
-    baseline   loss = CE
-    soft_cap   lᵢ ← c·tanh(lᵢ/c) inside the model (logits() is capped too), loss = CE
-    z_loss     loss = CE + λ·mean over tokens of log²Z
-    mu_loss    loss = CE + λ·μ·μ
-    mu_center  loss = CE; after each optimizer step eᵢ ← eᵢ − μ
+Variants (`HEADS`): a class each, below, with its loss, hyperparameters and their defaults.
 
-Numerics: the matmul may run in bf16 (autocast, or bf16 inputs); softmax, log Z, CE and the
-regularisers run in float32 (float64 stays float64). `build(name, matmul_dtype=torch.float32)`
-runs the head's matmul, and so its backward, in float32 even under bf16 autocast: a float32 LM
-head under a bf16 body. CE is the mean over tokens whose target is not -1 (IGNORE), 0 over no
-tokens (no NaN); ids are not checked here (that needs a device sync).
+Numerics: the matmul runs in autocast's dtype (or the inputs'), or in `matmul_dtype` where set;
+softmax, log Z, CE and the regularisers in float32 (float64 stays float64). CE is the mean over
+tokens whose target is not -1 (IGNORE), 0 when there are none. The plain loss path keeps all
+N × V logits; with `chunk_size` C > 0 the loss runs C tokens at a time, never holding more than
+C × V logits (ChunkedLoss), with the same loss and gradients, and on a CPU faster (bench.py).
 """
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,47 +54,32 @@ def mean_embedding(weight):
     return weight.mean(dim=0, dtype=compute_dtype(weight.dtype))
 
 
-def token_mean(values, keep):
-    """Mean of `values` over the tokens where `keep` is True; 0 when no token is kept."""
-    return torch.where(keep, values, 0.0).sum() / keep.sum().clamp(min=1)
-
-
 class Head(nn.Module):
-    """Baseline LM head: lᵢ = eᵢ·h, loss = mean CE over targets ≠ -1 (Eq. 1–3); no parameters
-    of its own (`weight` is passed in). A variant overrides hooks, never `logits` or `forward`
-    (a loss path rebuilds them from the hooks): `cap_logits` (a model intervention, out of place,
-    on each logit alone), `log_z_penalty` and `regulariser` (terms added to CE) and
-    `after_step` (a parameter update after the optimizer step).
-    """
+    """Baseline LM head: lᵢ = eᵢ·h, loss = CE (Eq. 1–3). A variant overrides the hooks both loss
+    paths call: `cap_logits` (each logit alone), `log_z_penalty` and `regulariser` (terms added
+    to CE) and `after_step` (a change to the weight after the optimizer step)."""
     name, hparams = "baseline", {}  # hparams: the variant's hyperparameters and their defaults
-    loss_path = None  # None: forward's plain path; else f(head, h, weight, targets)
 
-    def __init__(self, cap=None, lam=None, matmul_dtype=None):
+    def __init__(self, cap=None, lam=None, matmul_dtype=None, chunk_size=0):
         super().__init__()
         self.cap, self.lam = cap, lam
         self.matmul_dtype = matmul_dtype  # None: autocast's (or the inputs') dtype
+        self.chunk_size = chunk_size      # 0: the plain path; C: the chunked one, C tokens a chunk
 
     def extra_repr(self):
-        return ", ".join(f"{k}={getattr(self, k)}" for k in self.hparams)
+        return ", ".join(f"{k}={getattr(self, k)}" for k in (*self.hparams, "chunk_size"))
 
     def cap_logits(self, logits):
         return logits
 
-    def log_z_penalty(self, log_z):
-        """Per token, a term of its own log Z (same shape), or None; the loss adds the kept mean."""
+    def log_z_penalty(self, log_z):  # per token, a term of its log Z, or None: CE + its mean
         return None
 
-    def regulariser(self, weight):
-        """The term of the weight added to the loss (0-dim tensor), or None."""
+    def regulariser(self, weight):  # a 0-dim term of the weight added to the loss, or None
         return None
-
-    @property
-    def plain_softmax(self):  # the loss is CE of the raw logits + regulariser(weight)
-        return (type(self).cap_logits is Head.cap_logits
-                and type(self).log_z_penalty is Head.log_z_penalty)
 
     def logits(self, h, weight):
-        """Logits over the whole vocabulary, (..., V), upcast to at least float32."""
+        """Logits over the whole vocabulary, (..., V), in at least float32."""
         if self.matmul_dtype is None:
             logits = F.linear(h, weight)
         else:  # autocast off: the product and its backward run in matmul_dtype
@@ -105,35 +88,147 @@ class Head(nn.Module):
         return self.cap_logits(logits.to(compute_dtype(logits.dtype)))
 
     def forward(self, h, weight, targets):
-        """(loss, stats) of 0-dim tensors, loss with grad; no .item(): no device sync here."""
-        if self.loss_path is not None:
-            return self.loss_path(self, h, weight, targets)
-        logits, targets = self.logits(h, weight).reshape(-1, len(weight)), targets.reshape(-1)
-        keep = targets != IGNORE
-        # log Z_r = CE_r + l_r,t: no pass over N × V; keep drops the ignored rows (CE 0, id 0)
-        ce_per_token = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
-        ce = ce_per_token.sum() / keep.sum().clamp(min=1)
-        log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
-        reg = None
-        if (penalty := self.log_z_penalty(log_z)) is not None:
-            reg = token_mean(penalty, keep)
+        """(loss, stats) of 0-dim tensors, loss with grad; no .item(), so no device sync."""
+        h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+        if self.chunk_size:
+            loss, ce, reg = chunked_loss(self, h, weight, targets)
+        else:
+            loss, ce, reg = self.plain_loss(h, weight, targets)
         if (weight_term := self.regulariser(weight)) is not None:
-            reg = weight_term if reg is None else reg + weight_term
-        loss, reg = (ce, torch.zeros_like(ce)) if reg is None else (ce + reg, reg)  # CE: as is
+            loss, reg = loss + weight_term, reg + weight_term
         return loss, {"ce": ce.detach(), "reg": reg.detach()}
+
+    def plain_loss(self, h, weight, targets):
+        """(CE + mean penalty, CE, mean penalty) from all N × V logits at once."""
+        logits = self.logits(h, weight)
+        ce_per_token = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
+        kept = (targets != IGNORE).sum().clamp(min=1)
+        ce = ce_per_token.sum() / kept
+        # log Z = CE + l_t, without another pass over the logits (an ignored row: 0, id 0)
+        log_z = ce_per_token + logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+        penalty = self.log_z_penalty(log_z)
+        if penalty is None:
+            return ce, ce, torch.zeros_like(ce)
+        penalty = torch.where(targets != IGNORE, penalty, 0.0).sum() / kept
+        return ce + penalty, ce, penalty
 
     @torch.no_grad()
     def after_step(self, weight):
         """Called after every optimizer step; only mu_center changes `weight`."""
 
 
+@torch.compiler.disable  # compiled, Dynamo would unroll the chunk loop into one graph
+def chunked_loss(head, h, weight, targets):
+    """head.plain_loss, head.chunk_size tokens at a time: the same loss and gradients."""
+    device = h.device.type
+    if head.matmul_dtype is not None:
+        matmul_dtype = head.matmul_dtype
+    elif torch.is_autocast_enabled(device):
+        matmul_dtype = torch.get_autocast_dtype(device)
+    else:
+        matmul_dtype = torch.promote_types(h.dtype, weight.dtype)
+    # Asked here: inside Function.forward grad mode is off.
+    want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    with torch.autocast(device, enabled=False):
+        return ChunkedLoss.apply(h, weight, targets, head, matmul_dtype, want_grad)
+
+
+class ChunkedLoss(torch.autograd.Function):
+    """L = (1/n) Σ_r [CE_r + φ(log Z_r)] over the n tokens r whose target t_r ≠ -1, with the head's
+    cap f = head.cap_logits and penalty φ = head.log_z_penalty (f = identity, φ = 0 where absent).
+
+    Per token r, in chunks of rows of h (N, D) against W (V, D):
+        a_r = W·h_r        l_r = f(a_r)        log Z_r = log Σⱼ exp(l_rj)
+        p_r = softmax(l_r) = exp(l_r − log Z_r)        CE_r = log Z_r − l_r,t
+    L is a scalar, so each chunk's gradient is known once its softmax is:
+        ∂CE_r/∂l_rj = p_rj − [j = t_r]          ∂φ(log Z_r)/∂l_rj = φ'(log Z_r)·p_rj
+        g_r := ∂L/∂a_r = (1/n)·[(1 + φ'(log Z_r))·p_r − onehot(t_r)] ⊙ f'(a_r)
+    (0 for ignored tokens; f' and φ' by autograd on the chunk). With G a chunk's rows g_r and H
+    its rows h_r: ∂L/∂H = G·W and ∂L/∂W = Σ over chunks of Gᵀ·H (in float32). The forward pass
+    computes both and reuses one C × V buffer; the backward pass only scales them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, head, matmul_dtype, want_grad):
+        acc = compute_dtype(matmul_dtype)
+        w, h_low = weight.to(matmul_dtype), h.to(matmul_dtype)
+        keep = targets != IGNORE
+        n = keep.sum().clamp(min=1).to(acc)
+        row_scale = (keep.to(acc) / n)[:, None]  # 1/n for kept tokens, 0 for ignored ones
+        size = head.chunk_size
+        logits = torch.empty(min(size, len(h)), len(w), dtype=acc, device=h.device)
+        sums = torch.zeros(2, dtype=acc, device=h.device)  # Σ CE_r, Σ φ(log Z_r)
+        grad_h = torch.empty_like(h_low) if want_grad else None
+        grad_w = torch.zeros_like(w, dtype=acc) if want_grad else None
+        for start in range(0, len(h), size):
+            rows = slice(start, start + size)
+            h_c = h_low[rows]
+            buf = logits[:len(h_c)]
+            _matmul(h_c, w.t(), out=buf)
+            g = _chunk_grad(head, buf, targets[rows], keep[rows], row_scale[rows], sums,
+                            want_grad)
+            if want_grad:
+                g = g.to(matmul_dtype)
+                torch.mm(g, w, out=grad_h[rows])
+                _matmul(g.t(), h_c, out=grad_w, accumulate=True)
+        if want_grad:
+            ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
+        ce, penalty = sums[0] / n, sums[1] / n
+        ctx.mark_non_differentiable(ce, penalty)
+        return ce + penalty, ce, penalty
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_ce, _grad_penalty):
+        return (*(grad_loss * g for g in ctx.saved_tensors), None, None, None, None)
+
+
+def _matmul(a, b, out, accumulate=False):
+    """out = a·b (or out += a·b) in place, also where a and b are bf16 and out float32."""
+    if a.dtype == out.dtype:
+        torch.addmm(out, a, b, beta=1 if accumulate else 0, out=out)
+    elif accumulate:
+        out += a @ b
+    else:  # the product rounded once to bf16, as the plain path's F.linear
+        out.copy_(a @ b)
+
+
+def _chunk_grad(head, raw, targets, keep, row_scale, sums, want_grad):
+    """One chunk: `raw` (C × V, float32) holds a = W·h, overwritten by the softmax; adds Σ CE_r
+    and Σ φ(log Z_r) over its kept tokens to `sums`; returns g = ∂L/∂a if want_grad."""
+    target_col = targets.clamp(min=0).unsqueeze(1)
+    with torch.enable_grad():
+        a = raw.detach().requires_grad_(want_grad)
+        capped = head.cap_logits(a)
+    slope = None  # f'(a), elementwise
+    if want_grad and capped is not a:
+        slope = torch.autograd.grad(capped, a, torch.ones_like(raw))[0]
+    logits = capped.detach()
+    target_logit = logits.gather(1, target_col).squeeze(1)
+    shift = logits.amax(dim=1, keepdim=True)  # so that exp never overflows
+    exps = logits.sub_(shift).exp_()
+    sum_exp = exps.sum(dim=1, keepdim=True)
+    log_z = (sum_exp.log() + shift).squeeze(1)
+    sums[0] += torch.where(keep, log_z - target_logit, 0.0).sum()
+    with torch.enable_grad():
+        log_z.requires_grad_(want_grad)
+        penalty = head.log_z_penalty(log_z)
+    if penalty is not None:
+        sums[1] += torch.where(keep, penalty.detach(), 0.0).sum()
+    if not want_grad:
+        return None
+    scale = row_scale  # (1/n)·(1 + φ'), the φ' part by autograd
+    if penalty is not None:
+        scale = scale + torch.autograd.grad(penalty, log_z, row_scale.squeeze(1))[0][:, None]
+    g = exps.mul_(scale / sum_exp)
+    g.scatter_add_(1, target_col, -row_scale)
+    return g if slope is None else g.mul_(slope)
+
+
 class SoftCap(Head):
     """Logit soft-capping (Gemma 2, Eq. 6): lᵢ ← c·tanh(lᵢ/c), applied between Eq. 3 and Eq. 2.
 
     A model intervention: `logits()` returns capped logits, so evaluation and sampling see
-    them too. |lᵢ| < c in exact arithmetic, |lᵢ| ≤ c in floating point (tanh rounds to ±1 once
-    |lᵢ/c| ≳ 9 in float32). For |l| ≪ c, c·tanh(l/c) = l − l³/(3c²) + …: small logits pass
-    almost unchanged. tanh is odd, so l → −l gives capped l → −capped l (Table 1, symmetric).
+    them too. |lᵢ| < c (≤ c in floating point); for |l| ≪ c, c·tanh(l/c) = l − l³/(3c²) + …,
+    so small logits pass almost unchanged. tanh is odd: symmetric (Table 1).
     """
     name, hparams = "soft_cap", {"cap": 30.0}  # c of Gemma 2
 
@@ -144,12 +239,10 @@ class SoftCap(Head):
 class ZLoss(Head):
     """z-loss (PaLM, Eq. 4–5): loss = CE + λ·mean over kept tokens of log²Z, Z = Σⱼ exp(lⱼ).
 
-    It pulls log Z towards 0 (Z towards 1). Symmetric, L_z(l) = L_z(−l), means log Z(l) =
-    ±log Z(−l). The − sign needs Z(l)·Z(−l) = Σⱼ Σₖ exp(lⱼ − lₖ) = 1, impossible for V ≥ 2 (its
-    V diagonal terms are 1 each); the + sign is Σⱼ exp(lⱼ) = Σⱼ exp(−lⱼ), i.e. Σⱼ sinh(lⱼ) = 0:
-    true for symmetric logits and others (l = (asinh 2, −asinh 1, −asinh 1)), false in general
-    (Eq. 17–18): with S = Σ_{j≠i} exp(lⱼ) fixed, log²(exp(lᵢ) + S) grows like lᵢ² as lᵢ → +∞ but
-    tends to log²S as lᵢ → −∞ (S = 1: log²(e² + 1) ≈ 4.52, log²(e⁻² + 1) ≈ 0.016). A positive
+    It pulls log Z towards 0 (Z towards 1). Symmetry, L_z(l) = L_z(−l), needs log Z(l) =
+    ±log Z(−l): − is impossible for V ≥ 2 (Z(l)·Z(−l) = Σⱼ Σₖ exp(lⱼ − lₖ) ≥ V, its diagonal
+    alone), + means Σⱼ sinh(lⱼ) = 0, false in general (Eq. 17–18). With S = Σ_{j≠i} exp(lⱼ)
+    fixed, log²(exp(lᵢ) + S) grows like lᵢ² as lᵢ → +∞ but tends to log²S as lᵢ → −∞: a positive
     divergence is penalised, a negative one only once every logit diverges (App. D).
     """
     name, hparams = "z_loss", {"lam": 1e-4}  # λ of Eq. 5
@@ -181,12 +274,11 @@ class MuCenter(Head):
     (ii) std unchanged:  l*ᵢ = eᵢ·h − μ·h = lᵢ − l̄ (Lemma 1): every logit of a token moves by
          the same l̄, and σ² = (1/V) Σᵢ (lᵢ − l̄)² is shift-invariant.
     (iii) softmax and loss unchanged:  exp(lᵢ − l̄) / Σⱼ exp(lⱼ − l̄) = pᵢ.  ∎
-    Untied, (iii) makes centering a no-op for the predictions in exact arithmetic: loss and
-    gradients are invariant to a common shift of the rows, and so are AdamW's update, clipping
-    and decoupled weight decay (a decayed shift is a shift), so the run follows the baseline's
-    trajectory exactly, every row moved by one vector. What changes is μ and each token's
-    common offset l̄ = μ·h (both now 0), which cost precision in bf16 (measure.py).
-    Tied, subtracting μ also shifts every input embedding: it changes the model's function.
+    Untied, (iii) makes centering a no-op for the predictions in exact arithmetic: gradients and
+    AdamW's update ignore a common shift of the rows, so the run follows the baseline's, every
+    row moved by one vector. What changes is μ and each token's offset l̄ = μ·h (both now 0),
+    which cost precision in bf16 (precision_stats). Tied, subtracting μ also shifts every input
+    embedding: it changes the model's function.
     """
     name = "mu_center"
 
@@ -195,7 +287,7 @@ class MuCenter(Head):
         weight.sub_(mean_embedding(weight).to(weight.dtype))
 
 
-# ---- The paper's statistics of a head's logits ----
+# ---- The paper's statistics of a head's logits (train.py logs them, analyze.py reports them)
 LOGIT_STATS = ("logit_mean", "logit_std", "logit_absmax", "log2Z")
 PRECISION_STATS = ("prec_ce_gap", "prec_err_cast", "prec_err_round")
 
@@ -229,8 +321,7 @@ def precision_stats(head, h, weight, targets, dtype, chunk=64):
         prec_ce_gap    = CE(lʳ) − CE(l⁰) = log Σᵢ pᵢ·e^δᵢ − δ_target,  p = softmax(l⁰), δ = lʳ − l⁰
                          (after the cap): what the loss pays for both
     std over i, not rms: softmax cannot see an error common to all V logits (Prop. 3 (iii)).
-    Differences are formed in float32 for a bf16 matmul, float64 for a float32 one (≥ 2¹⁶× finer
-    than what is measured): each statistic is within 1e-3 (relative) of float64's (tested)."""
+    Differences in float32 (float64 for a float32 matmul) keep each within 1e-3 of float64's."""
     wide = torch.float64 if dtype == torch.float32 else torch.float32
     rows = []
     with torch.autocast(h.device.type, enabled=False):
@@ -255,9 +346,8 @@ def precision_stats(head, h, weight, targets, dtype, chunk=64):
 def mean_state_alignment(h_mean, weight):
     """How the mean hidden state h̄ lines up with μ̂ = μ/‖μ‖, as float64 0-d tensors
         (h̄·μ̂, cos(h̄, μ)) = (h̄·μ̂, h̄·μ̂/‖h̄‖),   both 0 where μ = 0 or h̄ = 0.
-    Lemma 1 averaged over tokens gives l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂): h̄·μ̂ is what turns a long μ into
-    a large mean logit (in the authors' run table, the degraded 16M baseline at η = 0.3:
-    l̄/‖μ‖ = 1152/331.471 ≈ 3.5)."""
+    Lemma 1 averaged over tokens gives l̄ = μ·h̄ = ‖μ‖·(h̄·μ̂): h̄·μ̂ turns a long μ into a large
+    mean logit."""
     tiny = torch.finfo(torch.float64).tiny
     h_mean, mu = h_mean.double(), mean_embedding(weight).double()
     proj = h_mean @ (mu / mu.norm().clamp(min=tiny))
@@ -269,31 +359,16 @@ HEADS = tuple(_REGISTRY)
 DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()}  # cap, lam
 
 
-def build(name, matmul_dtype=None, **hparams):
-    """The head called `name` (one of HEADS) with `cap` (soft_cap: finite, > 0) or `lam` (z_loss,
-    mu_loss: finite, ≥ 0); None means the default and is the only value allowed for a hyperparameter
-    the head does not use (so a CLI can pass lam=None, cap=None). matmul_dtype: see Numerics."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
+def build(name, matmul_dtype=None, chunk_size=0, **hparams):
+    """The head called `name` (one of HEADS) with its hyperparameters `cap` (soft_cap) or `lam`
+    (z_loss, mu_loss); None stands for the default, so a command line can pass both."""
+    if name not in _REGISTRY:
         raise ValueError(f"unknown head {name!r}; choose one of {', '.join(HEADS)}.")
+    cls = _REGISTRY[name]
     for key, value in hparams.items():
-        users = " and ".join(n for n, c in _REGISTRY.items() if key in c.hparams)
-        if not users:
-            raise ValueError(f"unknown hyperparameter {key!r}; valid ones are cap, lam.")
         if value is not None and key not in cls.hparams:
-            raise ValueError(f"head {name!r} does not use {key}={value!r}; {key} applies to "
-                             f"{users} only.")
-    return cls(**{key: default if hparams.get(key) is None else _checked(key, hparams[key])
-                  for key, default in cls.hparams.items()}, matmul_dtype=matmul_dtype)
-
-
-def _checked(key, value):
-    """value as a float that is finite and ≥ 0 (> 0 for cap), else one sentence with the rule."""
-    rule = "a finite number > 0" if key == "cap" else "a finite number >= 0"
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r} is not a number; give {rule}.") from None
-    if not (0 <= number < math.inf) or (key == "cap" and number == 0):
-        raise ValueError(f"{key}={number!r} is invalid; give {rule}.")
-    return number
+            raise ValueError(f"head {name!r} does not use {key}={value!r}; it takes "
+                             f"{', '.join(cls.hparams) or 'no hyperparameters'}.")
+    chosen = {key: default if hparams.get(key) is None else float(hparams[key])
+              for key, default in cls.hparams.items()}
+    return cls(**chosen, matmul_dtype=matmul_dtype, chunk_size=chunk_size)

@@ -1,559 +1,589 @@
-"""sweep.py — the paper's experiments as grids of train.py runs, and the commands that turn their
-results into the paper's tables and figures (drawn by report.py); README's More commands and
-scripts/README.md's Sweeps on SLURM have examples.
+"""sweep.py — the paper's grids as train.py runs, locally or as a SLURM job array (`run`), and
+their results (`collect`) as its Tables 2, 3 and 6 (`table`) and Figs. 2, 3, 4 and 8 (`plot`);
+`curves` draws the statistics runs logged over training.
 
-Options sweep.py does not know go to train.py after the grid's own, so they win. A point is a run
-folder OUT/Run.name, finished once it has summary.json: the same command again skips it, resumes
-the others and, before anything starts, refuses folders of other settings.
+A run is the folder OUT/NAME, finished once train.py has written its summary.json: the same
+command again skips it and resumes the others. Options sweep.py does not know go to train.py.
+
+Learning-rate sensitivity (Eq. 22) over n_η learning rates η, L(η) the final validation loss, L₀
+the loss at initialisation (≈ ln V), a diverged run counting as L₀:
+
+    LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
+
+Eq. 22 as printed divides by n_η (--lrs_mean literal); n_η − 1 gives back every printed digit of
+the paper's Tables 2 (ii) and 3 from the authors' runs (tests/data/oec_untied_runs.csv).
 """
 import argparse
-import contextlib
+import csv
 import json
+import math
 import os
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
-from datetime import datetime
-from itertools import product, takewhile
+from itertools import product
 from pathlib import Path
 
-import report
-import store
+from matplotlib import ticker
+from matplotlib.figure import Figure  # no pyplot: files only, nothing to show or close
+
 from model import SIZES
-from report import DEFAULT_CAP, DEFAULT_LAM, HEADS, LAMBDA_HEADS, PAPER_SIZES
 
-# ---- The grids: the paper's (Eq. 19–21, 23) and the CPU proxy ------------------------------
+HEADS = ("baseline", "soft_cap", "z_loss", "mu_loss", "mu_center")  # the paper's order
+LAMBDA_HEADS = ("z_loss", "mu_loss")  # the heads with a weight λ
+DEFAULT_LAM, DEFAULT_CAP = 1e-4, 30.0  # the paper's λ (outside Sec. 5) and soft-cap c
+PAPER_SIZES = ("16M", "29M", "57M", "109M", "221M")
 PAPER_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)
-LAMBDAS = (1e-7, 1e-4, 1e-1, 1e2)
-# The paper's code draws each batch from a random shard at random windows, seeded: its grids too.
-PAPER_TRAIN_ARGS = ("--data_order", "random")
-# The CPU proxy (experiments/proxy): a short run needs η up to 1 for ‖μ‖ to come near the paper's
-# baselines at η = 3e-2 (56.652–79.721): its untied baselines reach 45.15–56.50 at η = 1, 33.07–
-# 36.93 at 0.3 (experiments/proxy/results/results.csv). Its committed runs read the text in
-# order: it keeps that order.
-PROXY_LRS = (1e-2, 3e-2, 1e-1, 3e-1, 1.0)
-PROXY_TRAIN_ARGS = tuple("--device cpu --steps 300 --warmup 15 --batch_size 4 --micro_batch 4 "
-                        "--seq_len 64 --loss_chunk 256 --eval_every 100 --eval_tokens 8192 "
-                        "--stat_tokens 4096 --log_every 20 --data data/shakespeare "
-                        "--data_order sequential".split())
-AXES = ("sizes", "lrs", "heads", "ties", "lams", "caps", "dtypes", "seeds")  # --tie gives ties
-GRID_DEFAULTS = dict(tied_heads=None, dtypes=(None,), seeds=(None,), train_args=())
-PAPER_GRID = dict(GRID_DEFAULTS, sizes=PAPER_SIZES, lrs=PAPER_LRS, caps=(DEFAULT_CAP,),
-                  train_args=PAPER_TRAIN_ARGS)
-GRIDS = {  # custom: the command line gives sizes, lrs and heads
-    "paper": dict(PAPER_GRID, heads=HEADS, ties=(False, True), lams=(DEFAULT_LAM,)),
-    "lambda": dict(PAPER_GRID, heads=LAMBDA_HEADS, ties=(False,), lams=LAMBDAS),
-    "proxy": dict(sizes=("tiny",), lrs=PROXY_LRS, heads=HEADS, ties=(False, True),
-                  tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,), caps=(DEFAULT_CAP,),
-                  dtypes=("float32", "bfloat16"), seeds=(0,), train_args=PROXY_TRAIN_ARGS),
-    "custom": dict(GRID_DEFAULTS, ties=(False,), lams=(None,), caps=(None,)),
+# The paper's code draws each batch at random windows, by seed: its grids do too. The CPU proxy
+# (experiments/proxy) needs η up to 1 for ‖μ‖ to grow large in 300 steps; its runs read in order.
+PAPER_ARGS = ("--data_order", "random")
+PROXY_ARGS = tuple("--device cpu --steps 300 --warmup 15 --batch_size 4 --micro_batch 4 "
+                   "--seq_len 64 --loss_chunk 256 --eval_every 100 --eval_tokens 8192 "
+                   "--stat_tokens 4096 --log_every 20 --data data/shakespeare "
+                   "--data_order sequential".split())
+DEFAULT_AXES = dict(ties=(False,), tied_heads=None, lams=(None,), caps=(None,), dtypes=(None,),
+                    seeds=(None,), train_args=())
+PAPER = dict(sizes=PAPER_SIZES, lrs=PAPER_LRS, caps=(DEFAULT_CAP,), train_args=PAPER_ARGS)
+GRIDS = {  # custom: the command line gives the sizes, learning rates and heads
+    "paper": dict(PAPER, heads=HEADS, ties=(False, True), lams=(DEFAULT_LAM,)),
+    "lambda": dict(PAPER, heads=LAMBDA_HEADS, lams=(1e-7, 1e-4, 1e-1, 1e2)),
+    "proxy": dict(sizes=("tiny",), lrs=(1e-2, 3e-2, 1e-1, 3e-1, 1.0), heads=HEADS,
+                  ties=(False, True), tied_heads=("baseline", "mu_center"), lams=(DEFAULT_LAM,),
+                  caps=(DEFAULT_CAP,), dtypes=("float32", "bfloat16"), seeds=(0,),
+                  train_args=PROXY_ARGS),
+    "custom": {},
 }
+OPTIONAL = ("lam", "cap", "dtype", "seed")  # in a run's name and options where given
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
-# train.py's options sweep.py sets per run (config.json names): passing one is an error
+# train.py's options that the sweep sets per run: passing one is an error
 GRID_OPTIONS = ("size", "head", "lr", "tie", "lam", "cap", "dtype", "seed", "out_dir", "resume")
-SCHEDULING = ("log_every", "save_every", "keep_every", "stop_at")  # not what a run computes
-POLL_S = 0.2  # how often the local launcher looks for finished runs
-USAGE_ERROR = 2  # argparse's exit code: train.py did not accept its options
-RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
-                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
-                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
 
 
-def short(x):
-    """x with the fewest significant digits (6 or more, as :g) that give x back exactly."""
-    for digits in range(6, 18):
-        if float(text := f"{x:.{digits}g}") == x:
-            return text
-    return repr(x)  # NaN
+def short(x):  # a float as :g where that is exact, else in full: distinct values, distinct names
+    return f"{x:g}" if isinstance(x, float) and float(f"{x:g}") == x else str(x)
 
 
-@dataclass(frozen=True)
-class Run:
-    size: str
-    head: str
-    lr: float
-    tie: bool
-    lam: float | None = None
-    cap: float | None = None
-    dtype: str | None = None  # None: train.py's default
-    seed: int | None = None
+def run_name(run):  # {size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]
+    name = f"{run['size']}_{run['head']}_lr{short(run['lr'])}_tie{int(run['tie'])}"
+    return name + "".join(f"_{'' if k == 'dtype' else k}{short(run[k])}" for k in OPTIONAL
+                          if run[k] is not None)
 
-    def _given(self):  # (field, value) of lam, cap, dtype and seed where not train.py's default
-        return [(field, value) for field, value in asdict(self).items()
-                if field not in ("size", "head", "lr", "tie") and value is not None]
 
-    @property
-    def name(self):
-        """{size}_{head}_lr{η}_tie{0|1}[_lam{λ}][_cap{c}][_{dtype}][_seed{n}]."""
-        return f"{self.size}_{self.head}_lr{short(self.lr)}_tie{int(self.tie)}" + "".join(
-            f"_{'' if field == 'dtype' else field}{short(v) if isinstance(v, float) else v}"
-            for field, v in self._given())
-
-    def train_args(self):
-        """train.py's options for this point; numbers in full (str(float) is repr)."""
-        args = ["--size", self.size, "--head", self.head, "--lr", str(self.lr)]
-        args += ["--tie"] * self.tie
-        return args + [arg for field, value in self._given() for arg in (f"--{field}", str(value))]
+def run_args(run):  # train.py's options for the run
+    args = ["--size", run["size"], "--head", run["head"], "--lr", str(run["lr"])]
+    return args + ["--tie"] * run["tie"] + [
+        arg for k in OPTIONAL if run[k] is not None for arg in (f"--{k}", str(run[k]))]
 
 
 def expand_grid(grid, **given):
-    """Every point of a grid, an axis given (AXES) replacing the grid's own: paper 7 η × 5 sizes ×
-    2 ties × 5 heads = 350 runs, λ 4 × 2 × 7 × 5 = 280, proxy 5 η × 2 dtypes × (5 + 2 tied) = 70."""
-    if grid not in GRIDS:
-        raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
-    axes = {**GRIDS[grid], **{axis: tuple(values) for axis, values in given.items() if values}}
-    check_axes(grid, axes)
-    points = product(*(axes[axis] for axis in ("sizes", "heads", "ties", "dtypes", "seeds", "lrs")))
-    runs = [Run(size, head, lr, tie, lam, cap, dtype, seed)
-            for size, head, tie, dtype, seed, lr in points
-            if not tie or head in (axes["tied_heads"] or axes["heads"])
-            for lam in (axes["lams"] if head in LAMBDA_HEADS else (None,))
-            for cap in (axes["caps"] if head == "soft_cap" else (None,))]
-    return list(dict.fromkeys(runs))  # repeated axis values would only repeat runs
+    """Every run of a grid as {name: settings} (None: train.py's default), an axis given on the
+    command line replacing the grid's own: paper 7 η × 5 sizes × 2 ties × 5 heads = 350 runs,
+    lambda 7 × 5 × 4 λ × 2 heads = 280, proxy 5 η × 2 dtypes × (5 untied + 2 tied heads) = 70."""
+    axes = {**DEFAULT_AXES, **GRIDS[grid], **{k: tuple(v) for k, v in given.items() if v}}
+    if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if axis not in axes]:
+        raise ValueError(f"--grid {grid} needs {', '.join(missing)}: the runs' sizes, η and heads")
+    runs = {}
+    order = ("sizes", "heads", "ties", "dtypes", "seeds", "lrs", "lams", "caps")
+    for size, head, tie, dtype, seed, lr, lam, cap in product(*(axes[axis] for axis in order)):
+        run = dict(size=size, head=head, lr=lr, tie=tie, lam=lam if head in LAMBDA_HEADS else None,
+                   cap=cap if head == "soft_cap" else None, dtype=dtype, seed=seed)
+        if not tie or head in (axes["tied_heads"] or axes["heads"]):
+            runs[run_name(run)] = run  # a head without λ or c: once, whatever the λ and c
+    return runs
 
 
-def check_axes(grid, axes):
-    """Refuse a grid with a missing axis, an unknown head or bad values (all named at once)."""
-    if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if not axes.get(axis)]:
-        raise ValueError(f"--grid {grid} needs {', '.join(missing)} (e.g. --sizes tiny "
-                         f"--lrs 1e-3 3e-3 --heads baseline mu_center)")
-    if unknown := [head for head in axes["heads"] if head not in HEADS]:
-        raise ValueError(f"unknown head {unknown[0]!r}; choose from {', '.join(HEADS)}")
-    problems = []
-    if unknown := [size for size in axes["sizes"] if size not in SIZES]:
-        problems.append(f"--sizes {' '.join(unknown)} (each must be one of {', '.join(SIZES)})")
-    for axis, setting in (("lrs", "lr"), ("lams", "lam"), ("caps", "cap")):
-        rule, valid = report.RULES[setting]
-        if bad := [v for v in axes[axis] if v is not None and not valid(v)]:
-            problems.append(f"--{axis} {' '.join(map(short, bad))} (each must be {rule})")
-    if bad := [str(seed) for seed in axes["seeds"] if seed is not None and not 0 <= seed < 2**64]:
-        problems.append(f"--seeds {' '.join(bad)} (each must be an integer from 0 to 2^64 − 1)")
-    if problems:
-        raise ValueError(f"nothing was started, as the grid has bad values: {'; '.join(problems)}")
-
-
-# ---- Run folders: a run's log, which are finished, do they hold what was asked -------------
-def json_object(path, missing=None):
-    """The dict a JSON file holds (missing, if given, where none); anything else (a pipe) fails."""
-    if missing is not None and not Path(path).exists():
-        return missing
-    with contextlib.suppress(ValueError):  # not UTF-8, not JSON
-        if Path(path).is_file() and isinstance(value := json.loads(Path(path).read_text()), dict):
-            return value
-    raise ValueError(f"{path} is not a JSON object; it was not written by this project's train.py")
-
-
-def read_log(run_dir):
-    path = report.regular_file(Path(run_dir) / "log.jsonl", "give run folders of train.py")
-    try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except ValueError:
-        raise ValueError(f"{path} is not a log of train.py (a line is not JSON)") from None
-    if not records:
-        raise ValueError(f"{path} is empty: the run has not logged a step yet; wait, or omit it")
-    if not all(isinstance(r, dict) and "step" in r and "loss" in r for r in records):
-        raise ValueError(f"{path} is not a log of train.py (a line is not a JSON object with "
-                         f"'step' and 'loss')")
-    return records
-
-
-def is_finished(run_dir):  # a diverged run too
-    return (Path(run_dir) / "summary.json").exists()
-
-
-def passed_settings(train_args):
-    """train.py's options as {config.json name: value}: --flag True, --no-flag False, several
-    values (--data a.txt b.txt) a list; the last of a repeated option wins."""
-    settings = {}
-    for i, arg in enumerate(train_args):
-        if not arg.startswith("--"):
-            continue  # a value of the option before it
-        option, has_value, value = arg[2:].partition("=")
-        if not has_value:
-            values = list(takewhile(lambda a: not a.startswith("--"), train_args[i + 1:]))
-            value = True if not values else values[0] if len(values) == 1 else values
-        if value is True and option.startswith("no-"):
-            option, value = option[3:], False
-        settings[option.replace("-", "_")] = value
-    return settings
-
-
-def _paths(value):  # --data's value (one path or several) as a list
-    return [value] if isinstance(value, str) else value if isinstance(value, list) else []
-
-
-def same_setting(name, asked, recorded):
-    """Whether config.json's value is the one asked (asked may be the command line's text)."""
-    if isinstance(asked, bool) or isinstance(recorded, bool) or recorded is None:
-        return asked == recorded
-    if isinstance(recorded, (int, float)):
-        with contextlib.suppress(ValueError):  # else asked is not a number
-            return (asked if isinstance(asked, (int, float)) else float(asked)) == recorded
-        return False
-    if name == "data":  # the same folder or text files however their paths are written
-        return ([os.path.realpath(p) for p in _paths(asked)]
-                == [os.path.realpath(p) for p in _paths(recorded)])
-    return str(asked) == str(recorded)
-
-
-def differences(run_dir, run, passed):
-    """In words, the settings of run (None: train.py's default) and passed that differ in run_dir's
-    config.json ([] if none); Run's fields are config.json's names."""
-    config_path = Path(run_dir) / "config.json"
-    if not config_path.exists():
-        return ["no config.json beside its summary.json"] if is_finished(run_dir) else []
-    try:
-        config = json_object(config_path)
-    except ValueError:
-        return ["a config.json that is not a JSON object"]
-    if config.get("text"):  # text files given as --data: "data" is their tokenized folder
-        config["data"] = config["text"]
-    asked = {**{name: value for name, value in asdict(run).items() if value is not None}, **passed}
-    return [f"{name} {config[name]} there, {value} asked" for name, value in asked.items()
-            if name in config and not same_setting(name, value, config[name])]
-
-
-def check_run_folders(runs, out, train_args):
-    """Refuse folders holding runs of other settings (but scheduling, and train.py's "auto")."""
-    passed = {name: value for name, value in passed_settings(train_args).items()
-              if name not in SCHEDULING and value != "auto"}
-    stale = {run.name: found for run in runs
-             if (found := differences(Path(out) / run.name, run, passed))}
-    if stale:
-        name, found = next(iter(stale.items()))
-        raise ValueError(f"{len(stale)} run folder(s) in {out} hold runs of other settings than "
-                         f"asked (e.g. {name}: {'; '.join(found)}), so they cannot count as "
-                         f"finished; give another --out for these settings, or move those "
-                         f"folders away to redo them")
-
-
-def check_out(out):
-    """Refuse an --out that is a file, lies under one or cannot be written; creates nothing."""
-    out = Path(out)
-    existing = next(path for path in (out, *out.parents) if path.exists())
-    if not existing.is_dir():
-        where = "is a file" if existing == out else f"lies under the file {existing}"
-        raise ValueError(f"--out {out} {where}; give a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out} cannot be written ({existing} is read-only); give "
-                         f"another --out")
-
-
-# ---- Launching: locally (one or several at a time) or as a SLURM job array -----------------
-def train_command(run, out, extra_args, nproc_per_node=1):
-    """The command line of one local run; --resume where an earlier attempt left files (killed
-    before its first checkpoint, it left config.json: train.py then starts at step 0)."""
-    run_dir = Path(out) / run.name
-    args = [str(TRAIN_PY), *run.train_args(), "--out_dir", str(run_dir), *extra_args]
-    args += ["--resume"] if run_dir.is_dir() and any(run_dir.iterdir()) else []
-    if nproc_per_node > 1:  # torchrun picks a free port itself with --standalone
+# ---- Launching: locally, some at a time, or as a SLURM job array ----------------------------
+def train_command(name, run, out, extra_args, nproc_per_node):
+    """One run's command line, with --resume where an earlier try left files."""
+    args = [str(TRAIN_PY), *run_args(run), "--out_dir", str(out / name), *extra_args]
+    if (out / name).is_dir() and any((out / name).iterdir()):
+        args.append("--resume")
+    if nproc_per_node > 1:  # --standalone: torchrun picks a free port itself
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={nproc_per_node}", *args]
     return [sys.executable, *args]
 
 
-def gpu_slots(gpus, nproc_per_node, jobs=1):
-    """CUDA_VISIBLE_DEVICES of each run that may go at once (None: --jobs runs share the CPU)."""
-    if not gpus:
-        return [None] * jobs
-    ids = [gpu.strip() for gpu in gpus.split(",") if gpu.strip()]
-    if not ids or len(ids) % nproc_per_node:
-        raise ValueError(f"--gpus {gpus} must list a multiple of --nproc_per_node="
-                         f"{nproc_per_node} GPU ids, e.g. --gpus 0,1,2,3")
-    return [",".join(ids[i:i + nproc_per_node]) for i in range(0, len(ids), nproc_per_node)]
-
-
-def _start(run, cmd, slot, out, n_slots):
-    """Start one run: with one slot it prints to this terminal, else to OUT/logs/NAME.log."""
-    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slot} if slot else {}))
-    if n_slots > 1 and not slot:  # CPU runs side by side: an equal share of the cores each
-        env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // n_slots)))
-    print(f"sweep: start {run.name}{' (resume)' if '--resume' in cmd else ''}"
-          f"{f' on GPU {slot}' if slot else ''}", flush=True)
-    if n_slots == 1:
-        return subprocess.Popen(cmd, env=env)
-    (Path(out) / "logs").mkdir(exist_ok=True)
-    with open(Path(out) / "logs" / f"{run.name}.log", "a") as log:  # the run holds its own copy
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
 def launch_local(commands, out, slots):
-    """Run {run: command}, len(slots) at once; the failed ones' names. An interrupt stops all."""
-    pending, running, failed, free, durations = list(commands), {}, [], list(slots), []
-    on_sigint = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the way out of Ctrl-C
+    """Run {name: command}, len(slots) at once, each printing into OUT/logs/NAME.log; returns the
+    names of those that failed. Ctrl-C stops the runs in flight."""
+    pending, running, failed, free = list(commands), {}, [], list(slots)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     try:
         while pending or running:
             while pending and free:
-                run, slot = pending.pop(0), free.pop(0)
-                proc = _start(run, commands[run], slot, out, len(slots))
-                running[proc] = (run, slot, time.time())
-            time.sleep(POLL_S)
+                name, slot = pending.pop(0), free.pop(0)
+                env = dict(os.environ)
+                if slot:
+                    env["CUDA_VISIBLE_DEVICES"] = slot
+                elif len(slots) > 1:  # CPU runs side by side: an equal share of the cores each
+                    env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
+                resume = " (resume)" if "--resume" in commands[name] else ""
+                print(f"sweep: start {name}{resume}{f' on GPU {slot}' if slot else ''}", flush=True)
+                with open(out / "logs" / f"{name}.log", "a") as log:  # the run has its own copy
+                    proc = subprocess.Popen(commands[name], env=env, stdout=log, stderr=log)
+                running[proc] = (name, slot)
+            time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
-                run, slot, started = running.pop(proc)
+                name, slot = running.pop(proc)
                 free.append(slot)
-                ok = proc.returncode == 0 and is_finished(Path(out) / run.name)
-                durations.append(time.time() - started)
-                left = len(pending) + len(running)
-                eta = sum(durations) / len(durations) * left / len(slots)
-                print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {run.name} "
-                      f"in {durations[-1]:.0f} s; {len(commands) - left}/{len(commands)} ended, "
-                      f"ETA {eta / 60:.0f} min", flush=True)
-                failed += [] if ok else [run.name]
-                if proc.returncode == USAGE_ERROR and pending:  # the others would fail alike
-                    where = Path(out) / "logs" / f"{run.name}.log" if len(slots) > 1 else None
-                    print(f"sweep: train.py refused its command line ({where or 'see above'}); "
-                          f"the other {len(pending)} runs were not started", flush=True)
-                    failed += [run.name for run in pending]
-                    pending.clear()
-    except BaseException:  # Ctrl-C, SIGTERM, a closed stdout: stop the runs in flight
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+                ok = proc.returncode == 0 and (out / name / "summary.json").exists()
+                failed += [] if ok else [name]
+                print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {name} ("
+                      f"{len(commands) - len(pending) - len(running)}/{len(commands)})", flush=True)
+    except BaseException:
         for proc in running:
             proc.terminate()
             proc.wait()
         raise
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, on_sigint)
     return failed
 
 
-SBATCH_TEMPLATE = """#!/bin/bash
-# train.py runs as a SLURM job array (written by sweep.py): task i runs line i (0-based) of
-# RUN_LIST, "RUN_DIR TRAIN_ARGS...", one torch.distributed.run per node with the Python that ran
-# sweep.py, meeting --standalone on one node (a rendezvous of its own), else via c10d on the
-# first node (this script's) on a port free there as the task starts, under the task's job id.
+SBATCH = """#!/bin/bash
+# Written by sweep.py: task i runs line i (from 0) of the run list, "RUN_DIR TRAIN_ARGS...", on
+# one node, with the Python that ran sweep.py.
 #SBATCH --job-name=oec-sweep
-#SBATCH --array={array}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
-{sbatch_lines}set -euo pipefail
-RUN_LIST={run_list}
-eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$RUN_LIST"))"
+#SBATCH --array=0-{last}
+#SBATCH --nodes=1
+{options}set -euo pipefail
+eval "RUN=($(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {run_list}))"
 RUN_DIR="${{RUN[0]}}"
-if [ -f "$RUN_DIR/summary.json" ]; then echo "$RUN_DIR is finished"; exit 0; fi
-RESUME=""; if [ -n "$(ls -A "$RUN_DIR" 2>/dev/null)" ]; then RESUME="--resume"; fi
-RDZV=(--standalone)
-if [ "$SLURM_JOB_NUM_NODES" != 1 ]; then
-    # no pipe into head: under pipefail the SIGPIPE scontrol would get (exit 141) ends the task
-    NODES=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    PORT=$({python} -c 'import socket; print(socket.create_server(("", 0)).getsockname()[1])')
-    RDZV=(--nnodes="$SLURM_JOB_NUM_NODES" --rdzv_backend=c10d --rdzv_id="$SLURM_JOB_ID"
-          --rdzv_endpoint="${{NODES%%$'\\n'*}}:$PORT")
-fi
-srun --ntasks-per-node=1 {python} -m torch.distributed.run "${{RDZV[@]}}" \\
-    --nproc_per_node={nproc} {train_py} "${{RUN[@]:1}}" --out_dir "$RUN_DIR" $RESUME
+RESUME=()
+if [ -n "$(ls -A "$RUN_DIR" 2>/dev/null)" ]; then RESUME=(--resume); fi
+{python} -m torch.distributed.run --standalone --nproc_per_node={nproc} {train_py} \\
+    "${{RUN[@]:1}}" --out_dir "$RUN_DIR" "${{RESUME[@]}}"
 """
 
 
-def partition_has_gpus(partition):
-    """Whether sinfo lists GPU GRES on a node of partition (None: the default; no sinfo: no)."""
-    listed = subprocess.run(["sinfo", "-h", "-o", "%P %G"], capture_output=True,
-                            text=True).stdout if shutil.which("sinfo") else ""
-    return any("gpu" in gres for name, _, gres in (row.partition(" ") for row in listed.split("\n"))
-               if (name.rstrip("*") in partition.split(",") if partition else name.endswith("*")))
-
-
-def sbatch_lines(args, log_dir):
-    """#SBATCH lines of the task's output, the working folder (where relative paths among the
-    options were meant) and --sbatch, quoted as sbatch unquotes them; GPUs, --nproc_per_node per
-    node, where the partition has them and --sbatch names none."""
-    asked = dict(option.partition("=")[::2] for option in args.sbatch)  # a bare KEY: ""
-    options = {"output": str(log_dir / "%A_%a.out"), "chdir": str(Path.cwd())}
-    if not any(key == "gres" or key.startswith("gpu") for key in asked) and partition_has_gpus(
-            asked.get("partition")):
-        options["gpus-per-node"] = str(args.nproc_per_node)
-    return "".join(f"#SBATCH --{key}{value and '=' + shlex.quote(value)}\n"
-                   for key, value in {**options, **asked}.items())
-
-
-def write_slurm(runs, args, extra_args):
-    """OUT/slurm/runs_STAMP.txt and sweep_STAMP.sbatch, new per call: a queued job's list stays."""
-    slurm_dir = Path(args.out).resolve() / "slurm"
-    (slurm_dir / "logs").mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    run_list, script = slurm_dir / f"runs_{stamp}.txt", slurm_dir / f"sweep_{stamp}.sbatch"
-    store.write_atomic(run_list, "".join(shlex.join([str(slurm_dir.parent / run.name),
-                       *run.train_args(), *extra_args]) + "\n" for run in runs))
-    store.write_atomic(script, SBATCH_TEMPLATE.format(
-        array=f"0-{len(runs) - 1}" + (f"%{args.array_limit}" if args.array_limit else ""),
-        nodes=args.nodes, nproc=args.nproc_per_node, run_list=shlex.quote(str(run_list)),
-        sbatch_lines=sbatch_lines(args, slurm_dir / "logs"), python=shlex.quote(sys.executable),
-        train_py=shlex.quote(str(TRAIN_PY))))
+def write_slurm(runs, args, extra_args):  # new files each time: a queued job's list stays
+    folder = Path(args.out).resolve() / "slurm"
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    run_list = folder / f"runs_{time.time_ns()}.txt"
+    run_list.write_text("".join(shlex.join([str(folder.parent / name), *run_args(run),
+                                            *extra_args]) + "\n" for name, run in runs.items()))
+    options = {"output": str(folder / "logs" / "%A_%a.out"), "chdir": str(Path.cwd())}
+    options.update(option.partition("=")[::2] for option in args.sbatch)  # a bare KEY: ""
+    script = run_list.with_name(run_list.stem.replace("runs", "sweep") + ".sbatch")
+    script.write_text(SBATCH.format(
+        last=len(runs) - 1, run_list=shlex.quote(str(run_list)), nproc=args.nproc_per_node,
+        options="".join(f"#SBATCH --{key}{value and '=' + shlex.quote(value)}\n"
+                        for key, value in options.items()),
+        python=shlex.quote(sys.executable), train_py=shlex.quote(str(TRAIN_PY))))
     return script
 
 
-def submit(script):
-    """sbatch's job id for script, which it first checks (--test-only) against the cluster: a job
-    it refuses or can never run (more nodes than a partition has) ends in one sentence."""
-    for check in ("--test-only", "--parsable"):
-        done = subprocess.run(["sbatch", check, str(script)], capture_output=True, text=True)
-        # sbatch's own words, less the "Try sbatch --help" after an option it does not know
-        reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ") for line in
-                           done.stderr.splitlines() if line.strip() and not line.startswith("Try "))
-        if done.returncode:
-            raise ValueError(f"sbatch refused the job ({reason or f'exit {done.returncode}'}), so "
-                             f"nothing was submitted; change --sbatch, --nodes or --nproc_per_node"
-                             f" to what the cluster offers (sinfo lists its partitions)")
+def submit(script):  # sbatch's job id; a job it refuses ends in one sentence with its reason
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    if done.returncode:
+        reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ")
+                           for line in done.stderr.splitlines() if line.strip())
+        raise ValueError(f"sbatch refused the job ({reason}), so nothing was submitted; change "
+                         f"--sbatch to what the cluster offers (sinfo lists its partitions)")
     return done.stdout.split(";")[0].strip()  # --parsable prints JOBID[;CLUSTER]
 
 
 def cmd_run(args, extra_args):
-    if clash := [name for name in passed_settings(extra_args) if name in GRID_OPTIONS]:
+    passed = [arg[2:].partition("=")[0] for arg in extra_args if arg.startswith("--")]
+    if clash := [name for name in passed if name in GRID_OPTIONS]:
         raise ValueError(f"--{clash[0]} is set per run by the sweep; give the grid's axes instead "
-                         f"(--sizes, --heads, --lrs, --tie, --lams, --caps, --out)")
-    runs = expand_grid(args.grid, **{axis: getattr(args, axis) for axis in AXES})
-    extra_args = [*GRIDS[args.grid]["train_args"], *extra_args]  # the user's options win
-    check_out(args.out)
-    check_run_folders(runs, args.out, extra_args)
-    todo = [run for run in runs if not is_finished(Path(args.out) / run.name)]
+                         f"(--sizes, --heads, --lrs, --tie, --lams, --caps, --dtypes, --seeds)")
+    given = {axis: getattr(args, axis) for axis in ("sizes", "lrs", "heads", "lams", "caps")}
+    runs = expand_grid(args.grid, ties=[tie == "true" for tie in args.ties or ()],
+                       dtypes=args.dtypes, seeds=args.seeds, **given)
+    extra_args = [*GRIDS[args.grid].get("train_args", ()), *extra_args]  # the user's come last
+    out, n = Path(args.out), args.nproc_per_node
+    gpus = args.gpus.split(",") if args.gpus else []  # a slot: CUDA_VISIBLE_DEVICES, or the CPU
+    slots = [",".join(gpus[i:i + n]) for i in range(0, len(gpus), n)] or [None] * args.jobs
+    todo = {name: run for name, run in runs.items() if not (out / name / "summary.json").exists()}
     print(f"sweep: {len(runs)} runs in the grid, {len(runs) - len(todo)} finished, "
           f"{len(todo)} to do", flush=True)
-    commands = {run: train_command(run, args.out, extra_args, args.nproc_per_node) for run in todo}
-    if args.dry_run:
-        for command in commands.values():
-            print(shlex.join(command))
-        data = _paths(passed_settings(extra_args).get("data"))
-        if todo and (missing := [path for path in data if not Path(path).exists()]):
-            print(f"sweep: note: --data {' '.join(missing)} does not exist yet; the runs fail "
-                  f"until it does (make it with prepare.py)")
-    elif todo and args.launcher == "slurm":
+    commands = {name: train_command(name, run, out, extra_args, args.nproc_per_node)
+                for name, run in todo.items()}
+    if args.dry_run or not todo:
+        print("".join(shlex.join(command) + "\n" for command in commands.values()), end="")
+    elif args.launcher == "slurm":
         script = write_slurm(todo, args, extra_args)
         print(f"sweep: wrote {script} ({len(todo)} array tasks)")
-        if not args.submit:
-            print(f"sweep: submit it with: sbatch {script}")
-        elif not shutil.which("sbatch"):
-            raise SystemExit(f"sbatch was not found on PATH, so nothing was submitted; on a "
-                             f"SLURM login node run: sbatch {script}")
-        else:
+        if args.submit:
             print(f"sweep: submitted job {submit(script)}; its tasks write to "
                   f"{script.parent / 'logs'}; run the same command again to resume runs cut short")
-    elif todo:
-        if not TRAIN_PY.exists():
-            raise SystemExit(f"{TRAIN_PY} is missing; sweep.py must sit next to train.py")
-        slots = gpu_slots(args.gpus, args.nproc_per_node, args.jobs)
+    else:
         try:
-            failed = launch_local(commands, store.make_folder(args.out), slots)
+            failed = launch_local(commands, out, slots)
         except KeyboardInterrupt:
             print("sweep: interrupted; run the same command again to resume", flush=True)
             return 130
         if failed:
-            print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}); run the same command "
-                  f"again to retry them", flush=True)
+            print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}; logs in {out / 'logs'})"
+                  f"; run the same command again to retry them", flush=True)
             return 1
         print(f"sweep: all {len(runs)} runs finished", flush=True)
     return 0
 
 
-# ---- collect, table, plot, curves: report.py's text and figures, written atomically ---------
-def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf, each whole or not there
-    for path in (Path(folder) / f"{stem}.png", Path(folder) / f"{stem}.pdf"):
-        with store.open_atomic(path) as f:
-            fig.savefig(f, format=path.suffix[1:], dpi=120)
+# ---- Results: a CSV's rows, reduced over the learning rates ---------------------------------
+RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
+                       "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
+                       "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
+# L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
+L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
+# (column, in words, unit): Fig. 3's in the paper's order, then the head's rounding, if logged
+METRICS = (("logit_mean", "mean logit l̄", "l̄"), ("logit_std", "logit spread σ_l", "σ_l"),
+           ("mu_norm", "‖μ‖, the output rows' mean", "‖μ‖"),
+           ("logit_absmax", "largest |logit|", "max |l|"),
+           ("prec_err_cast", "logit error from\nrounding the inputs", "÷ σ_l"),
+           ("prec_err_round", "logit error from\nrounding the result", "÷ σ_l"),
+           ("prec_ce_gap", "cross-entropy lost to\nthe matmul's rounding", "nats"))
+HEAD_COLORS = dict(zip(HEADS, ("tab:gray", "tab:orange", "tab:red", "tab:blue", "tab:green")))
+
+
+def read_results(path):
+    """A results CSV's rows, typed, with L₀; a size names the dtype and seed where runs differ."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    dtypes = {row.get("dtype") or "" for row in rows}
+    first_seed = min((int(row["seed"]) for row in rows if row.get("seed")), default=None)
+    for row in rows:
+        numbers = ("lr", "test_loss", "init_loss", "train_time_s", *(m[0] for m in METRICS))
+        row.update({key: float(row.get(key) or math.nan) for key in numbers})
+        row["tie"], row["diverged"] = row["tie"] == "true", row.get("diverged") == "true"
+        row["lam"] = float(row.get("lam") or DEFAULT_LAM) if row["head"] in LAMBDA_HEADS else None
+        row["cap"] = float(row.get("cap") or DEFAULT_CAP) if row["head"] == "soft_cap" else None
+        row["l0"] = row["init_loss"] if row["init_loss"] > 0 else L0_BY_SIZE[row["size"]]
+        if len(dtypes) > 1:
+            row["size"] += f" {row.get('dtype') or 'default'}"
+        if row.get("seed") and int(row["seed"]) != first_seed:
+            row["size"] += f" seed{row['seed']}"
+    return rows
+
+
+def lr_sensitivity(losses, mean="published"):  # of the capped losses; one η: NaN
+    divisor = len(losses) - 1 if mean == "published" else len(losses)
+    return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
+
+
+def reduce_runs(rows, mean="published"):
+    """Cells: the runs of one tying, head, λ, c and size, reduced over the learning rates."""
+    groups = {}
+    for row in rows:
+        key = tuple(row[k] for k in ("tie", "head", "lam", "cap", "size"))
+        groups.setdefault(key, []).append(row)
+    cells = []
+    for (tie, head, lam, cap, size), runs in groups.items():
+        runs.sort(key=lambda row: row["lr"])
+        if len({r["lr"] for r in runs}) < len(runs):  # two sweeps collected together
+            raise ValueError(f"two {size} {head} runs at one η (λ={lam}, c={cap}); keep one")
+        # min(L(η), L₀), a diverged run counting as L₀ (its loss is empty or NaN)
+        losses = [r["l0"] if r["diverged"] or not r["test_loss"] < r["l0"] else r["test_loss"]
+                  for r in runs]
+        times = [r["train_time_s"] for r in runs if not r["diverged"]]
+        label = head + (f" λ={lam:g}" if lam not in (None, DEFAULT_LAM) else "") + (
+            f" c={cap:g}" if cap not in (None, DEFAULT_CAP) else "")
+        cells.append(dict(tie=tie, head=head, lam=lam, cap=cap, size=size, label=label,
+                          variant=(HEADS.index(head), lam or 0.0, cap or 0.0), rows=runs,
+                          etas=[r["lr"] for r in runs], losses=losses, optimal_loss=min(losses),
+                          best_lr=runs[losses.index(min(losses))]["lr"],
+                          lrs=lr_sensitivity(losses, mean),
+                          train_time_s=sum(times) / len(times) if times else math.nan,
+                          n_lrs=len(runs), lrs_mean=mean))
+    for c in cells:  # mean train time over the baseline's (the same size and tying) − 1
+        base = [b["train_time_s"] for b in cells if b["head"] == "baseline"
+                and (b["size"], b["tie"]) == (c["size"], c["tie"])]
+        c["extra_time"] = c["train_time_s"] / base[0] - 1 if base and base[0] > 0 else math.nan
+    return sorted(cells, key=lambda c: (c["tie"], c["variant"], size_order(c["size"])))
+
+
+def size_order(label):  # sizes by N, then their dtype and seed columns by name
+    size, _, rest = label.partition(" ")
+    return list(SIZES).index(size), rest
+
+
+def split(cells, tie):  # Table 2 or 6's cells (a head with several λ at 1e-4), {such head: cells}
+    swept = {head: [c for c in cells if c["tie"] == tie and c["head"] == head]
+             for head in LAMBDA_HEADS}
+    swept = {head: mine for head, mine in swept.items() if len({c["lam"] for c in mine}) > 1}
+    return [c for c in cells if c["tie"] == tie
+            and (c["head"] not in swept or c["lam"] == DEFAULT_LAM)], swept
+
+
+# ---- Tables 2, 3 and 6 in Markdown, and a CSV row per cell ----------------------------------
+def markdown_table(cells, value, fmt, label_of=lambda c: c["label"], bold=True):
+    """A row per size, a column per variant; the best (least) value of a row in bold."""
+    labels = {c["variant"]: label_of(c) for c in cells}
+    at = {(c["size"], c["variant"]): value(c) for c in cells}
+    first = "model size N" + " (matmul dtype, seed)" * any(" " in c["size"] for c in cells)
+    lines = [f"| {first} | {' | '.join(labels.values())} |", "|---" * (len(labels) + 1) + "|"]
+    for size in sorted({c["size"] for c in cells}, key=size_order):
+        values = [at.get((size, variant), math.nan) for variant in labels]
+        finite = [x for x in values if math.isfinite(x)]
+        top = fmt(min(finite)) if bold and finite else None
+        texts = [fmt(x) if math.isfinite(x) else "–" for x in values]
+        lines.append(f"| {size} | " + " | ".join(f"**{t}**" if t == top else t for t in texts)
+                     + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(cells, mean="published"):
+    """Table 2 (untied) and 6 (tied), and Table 3 for each head run with several λ."""
+    divisor = {"published": "(n_η − 1), the published tables' rule",
+               "literal": "n_η, Eq. 22 as written"}[mean]
+    parts = [f"# Results\n\nLRS = Σ_η [min(L(η), L₀) − min_η L] / {divisor}; L₀ = the loss at "
+             f"initialisation (10.83, or 10.85 for 221M, where a CSV has none), a diverged run's "
+             f"too. Additional training time = mean train time of the runs that did not diverge "
+             f"/ the baseline's − 1. The best loss and LRS of each size in bold."]
+
+    def loss_and_lrs(cells, label_of=lambda c: c["label"]):
+        return ["(i) Optimal loss min_η L (↓)",
+                markdown_table(cells, lambda c: c["optimal_loss"], "{:.2f}".format, label_of),
+                "(ii) Learning rate sensitivity LRS (↓)",
+                markdown_table(cells, lambda c: c["lrs"], "{:.3f}".format, label_of)]
+    for tie in sorted({c["tie"] for c in cells}):
+        tying = "with weight tying" if tie else "without weight tying"
+        main, swept = split(cells, tie)
+        n_lrs = "/".join(str(n) for n in sorted({len(c["etas"]) for c in main}))
+        parts += [f"## All variants, {tying} ({n_lrs} learning rates)", *loss_and_lrs(main),
+                  "(iii) Additional training time (↓)", markdown_table(
+                      main, lambda c: 100 * c["extra_time"], "{:.1f}%".format, bold=False)]
+        for head, mine in swept.items():
+            parts += [f"## {head} for several λ, {tying}",
+                      *loss_and_lrs(mine, lambda c: f"{c['head']} λ={c['lam']:g}")]
+    return "\n\n".join(parts) + "\n"
+
+
+def write_text(path, text):  # whole or not there: a temporary file, then renamed
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    print(f"sweep: wrote {path}")
+
+
+def csv_text(header, rows):  # our values hold no commas: None empty, true/false, floats in full
+    return "".join(",".join("" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+                            for v in row) + "\n" for row in [header, *rows])
+
+
+# ---- Figures 2 and 8 (loss and LRS vs η), 3 (logit statistics vs η), 4 (λ), curves ----------
+def style(cell, variants):
+    """A variant's line: each thinner than the one before, with a hollow marker of its own, so a
+    line under another still shows; the paper's runs (--reference) dashed."""
+    k, paper = variants.index(cell["variant"]), cell.get("paper", False)
+    wide = (len(variants) - 1 - k) / max(len(variants) - 1, 1)
+    return dict(lw=1 + 2 * wide, ms=4 + 4 * wide, marker="osD^vPX"[k % 7], mfc="none",
+                ls="--" if paper else "-", alpha=0.6 if paper else 0.9)
+
+
+def draw_lines(ax, cells, column, y, color_of, label_of):
+    """y(cell) vs η for the cells of the column, a tick at each η swept."""
+    variants = sorted({c["variant"] for c in cells})
+    here = [c for c in cells if c["size"] == column]
+    for c in here:
+        ax.plot(c["etas"], y(c), color=color_of(c), **style(c, variants),
+                label=label_of(c) + " (paper)" * c.get("paper", False))
+    etas = sorted({lr for c in here for lr in c["etas"]})
+    ax.set_xscale("log")
+    ax.set_xticks(etas, [f"{lr:g}" for lr in etas], rotation=45, fontsize=8)
+    ax.xaxis.set_minor_locator(ticker.NullLocator())  # no crowded minor labels
+    ax.set_xlabel("learning rate η")
+
+
+def finish(fig, title):  # one legend, below the panels; grids; empty panels hidden
+    handles = {}
+    for ax in fig.axes[::-1]:  # a label's handle from the first panel that has it
+        ax.grid(alpha=0.3)
+        ax.set_visible(ax.has_data())
+        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize=8,
+               ncols=min(len(handles), 5))
+    fig.suptitle(title)
+    return fig
+
+
+def figures(cells):
+    """(file stem, figure) of every figure the cells give, the paper's among them dashed."""
+    for tie in sorted({c["tie"] for c in cells if not c.get("paper")}):
+        tying = "tied" if tie else "untied"
+        main, swept = split(cells, tie)
+        yield f"fig2_loss_lrs_{tying}", loss_and_lrs_figure(
+            main, lambda c: HEAD_COLORS[c["head"]], lambda c: c["label"],
+            f"Loss and learning-rate sensitivity (LRS) vs learning rate, {tying}")
+        yield f"fig3_logits_{tying}", metrics_figure(
+            main, f"Logit statistics, ‖μ‖ and the head's rounding vs learning rate, {tying}")
+        for head, mine in swept.items():
+            lams = sorted({c["lam"] for c in mine})
+            yield f"fig4_lambda_{head}_{tying}", loss_and_lrs_figure(
+                mine, lambda c: f"C{lams.index(c['lam'])}", lambda c: f"λ={c['lam']:g}",
+                f"{head}: loss and LRS for each λ, {tying}")
+
+
+def loss_and_lrs_figure(cells, color_of, label_of, title):
+    """Top: min(L(η), L₀) vs η per size (or setting), zoomed to 30% above the best loss. Below (one
+    panel: beside): LRS against model size as in the paper, else a point per variant and setting."""
+    columns = sorted({c["size"] for c in cells}, key=size_order)
+    by_size = len(columns) > 1 and not any(" " in column for column in columns)
+    fig = Figure(figsize=(3.2 * max(len(columns), 2) + 1, 4.2 if len(columns) == 1 else 7.4),
+                 layout="constrained")
+    grid = fig.add_gridspec(1 if len(columns) == 1 else 2, max(len(columns), 2))
+    for i, column in enumerate(columns):
+        ax = fig.add_subplot(grid[0, i])
+        losses = [x for c in cells if c["size"] == column or not by_size for x in c["losses"]]
+        low, high = min(losses), min(max(losses), 1.3 * min(losses))  # settings share a scale
+        pad = 0.05 * (high - low) or 0.05
+        draw_lines(ax, cells, column, lambda c: c["losses"], color_of, label_of)
+        ax.set(title=column, ylim=(low - pad, high + pad), ylabel="loss min(L, L₀)")
+    ax = fig.add_subplot(grid[0, 1] if len(columns) == 1 else grid[1, :min(len(columns), 3)])
+    variants = sorted({c["variant"] for c in cells})
+    dodge = [0.6 * (k + 0.5) / len(variants) - 0.3 for k in range(len(variants))]
+    for k, variant in enumerate(variants):  # a line across the columns: ours, the paper's
+        for line in ([c for c in cells if c["variant"] == variant and c.get("paper") == paper]
+                     for paper in (None, True)):
+            if line:
+                ax.plot([columns.index(c["size"]) + (0 if by_size else dodge[k]) for c in line],
+                        [c["lrs"] for c in line], color=color_of(line[0]),
+                        label=label_of(line[0]) + " (paper)" * bool(line[0].get("paper")),
+                        **style(line[0], variants) | ({} if by_size else {"ls": ""}))
+    if len(columns) == 1:  # a tick per variant, named
+        labels = {c["variant"]: label_of(c) for c in cells}
+        ax.set_xticks(dodge, [labels[v] for v in variants], rotation=30, fontsize=8)
+        ax.set(title=f"LRS of each variant, {columns[0]}", xlim=(-0.5, 0.5))
+    else:
+        ax.set_xticks(range(len(columns)), columns)
+        ax.set(xlim=(-0.5, len(columns) - 0.5), xlabel="model size N" if by_size else None,
+               title="LRS of each variant")
+    top = max((c["lrs"] for c in cells if c["lrs"] > 0), default=1.0)  # NaN: a single η
+    ax.set(ylabel="LRS (↓)", ylim=(0, 1.1 * top))
+    return finish(fig, title)
+
+
+def metrics_figure(cells, title):
+    """Fig. 3: a row per metric vs η (the rounding ones where logged), a column per size as in
+    Fig. 2 (one column: a grid); a metric's panels share a y scale, symlog past 50."""
+    columns = sorted({c["size"] for c in cells}, key=size_order)
+    metrics = [m for m in METRICS if any(math.isfinite(r[m[0]]) for c in cells for r in c["rows"])]
+    one = len(columns) == 1  # then a grid, not a column of panels
+    shape = (2, math.ceil(len(metrics) / 2)) if one else (len(metrics), len(columns))
+    axes = Figure(figsize=(3.3 * shape[1] + 1, 3.0 * shape[0]), layout="constrained").subplots(
+        *shape, squeeze=False)
+    for i, (metric, words, unit) in enumerate(metrics):
+        values = [r[metric] for c in cells for r in c["rows"] if math.isfinite(r[metric])]
+        for j, column in enumerate(columns):
+            ax = axes.flat[i] if one else axes[i][j]
+            draw_lines(ax, cells, column, lambda c: [r[metric] for r in c["rows"]],
+                       lambda c: HEAD_COLORS[c["head"]], lambda c: c["label"])
+            ax.set(ylabel=unit, title=words if one or i else f"{column}\n{words}")
+            if max(map(abs, values)) > 50:  # linear within ±1, logarithmic beyond
+                ax.set_yscale("symlog", linthresh=1.0)
+    return finish(axes.flat[0].figure, title + (f", {columns[0]}" if one else ""))
+
+
+CURVES = (("loss", "training loss", "nats"), ("val_loss", "validation loss", "nats"), METRICS[2],
+          METRICS[0], ("h_mu_proj", "mean hidden state along μ", "h̄·μ̂ = l̄/‖μ‖"), *METRICS[3:])
+
+
+def curves_figure(logs, heads):
+    """CURVES vs step ({run folder: log records}, {run folder: head}): a line per run, named by
+    its folder, a colour per head and a line style per run of that head."""
+    curves = [curve for curve in CURVES
+              if any(r.get(curve[0]) is not None for records in logs.values() for r in records)]
+    fig = Figure(figsize=(4 * math.ceil(len(curves) / 2), 8), layout="constrained")
+    for ax, (key, words, unit) in zip(fig.subplots(2, math.ceil(len(curves) / 2)).flat, curves):
+        seen = []
+        for run, records in logs.items():
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            seen.append(heads[run])
+            if points:
+                ax.plot(*zip(*points), label=Path(run).name, lw=1.2, color=HEAD_COLORS[heads[run]],
+                        ls=("-", "--", ":", "-.")[(seen.count(heads[run]) - 1) % 4],
+                        marker="o" if len(points) <= 12 else None, ms=4)  # few points: marked
+        if max(map(abs, ax.get_ylim())) > 50:  # ‖μ‖ growing while μ-centering's stays 0
+            ax.set_yscale("symlog", linthresh=1.0)
+        ax.set(title=words, xlabel="step", ylabel=unit)
+    return finish(fig, " vs ".join(dict.fromkeys(heads.values())) + ", over training")
+
+
+def save_figure(fig, folder, stem):  # FOLDER/STEM.png and .pdf
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (folder / f"{stem}.png", folder / f"{stem}.pdf"):
+        fig.savefig(path, dpi=120)
         print(f"sweep: wrote {path}")
 
 
-def cmd_collect(args):
-    """Every summary.json under DIR -> a results CSV (settings it lacks: its config.json)."""
-    summaries = sorted(Path(args.dir).rglob("summary.json"))
-    if not summaries:
-        raise FileNotFoundError(f"no summary.json under {args.dir}; run `python sweep.py run "
-                                f"... --out {args.dir}` first")
+# ---- The commands that read results ---------------------------------------------------------
+def cmd_collect(args):  # every summary.json under DIR, with config.json's settings it lacks
     rows = []
-    for path in summaries:
-        summary = json_object(path)
-        needed = ("size", "head", "lr", "tie", "val_loss", "init_loss", "diverged")
-        if missing := [key for key in needed if key not in summary]:
-            raise ValueError(f"{path} lacks {', '.join(missing)}; it was not written by this "
-                             f"project's train.py")
-        config = json_object(path.with_name("config.json"), missing={})
-        row = {column: summary.get(column, config.get(column)) for column in RESULT_COLUMNS}
-        row.update(test_loss=summary["val_loss"], mean_log2Z=summary.get("log2Z"),  # the paper's
-                   run=str(path.parent.relative_to(args.dir)))                     # names
-        rows.append(row.values())
-    out_csv = Path(args.out or Path(args.dir) / "results.csv")
-    store.write_atomic(out_csv, report.csv_text(RESULT_COLUMNS, rows))
-    print(f"sweep: wrote {out_csv}")
+    for path in sorted(Path(args.dir).rglob("summary.json")):
+        config = path.with_name("config.json")
+        row = {**(json.loads(config.read_text()) if config.exists() else {}),
+               **json.loads(path.read_text()), "run": str(path.parent.relative_to(args.dir))}
+        row.update(test_loss=row["val_loss"], mean_log2Z=row.get("log2Z"))  # the paper's names
+        rows.append([row.get(column) for column in RESULT_COLUMNS])
+    if not rows:
+        raise ValueError(f"no summary.json under {args.dir}; run `python sweep.py run ... --out "
+                         f"{args.dir}` first")
+    write_text(Path(args.out or Path(args.dir) / "results.csv"), csv_text(RESULT_COLUMNS, rows))
 
 
-def cmd_table(args):  # prints the tables; writes them only into --out (not beside tests/data)
-    cells = report.reduce_runs(report.read_results(args.results, args.l0), args.lrs_mean)
-    markdown = report.markdown_report(cells, args.lrs_mean, args.l0)
-    print(markdown)
-    if not args.out:
-        print("sweep: pass --out DIR to write table.md and table.csv")
-        return
-    out = store.make_folder(args.out)
-    store.write_atomic(out / "table.md", markdown)
-    store.write_atomic(out / "table.csv", report.table_csv(cells, args.lrs_mean))
-    print(f"sweep: wrote {out / 'table.md'} and {out / 'table.csv'}")
+def cmd_table(args):  # prints the tables; writes table.md and table.csv only into --out
+    cells = reduce_runs(read_results(args.results), args.lrs_mean)
+    text = markdown_report(cells, args.lrs_mean)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_text(Path(args.out) / "table.md", text)
+        columns = ("tie", "size", "head", "lam", "cap", "n_lrs", "best_lr", "optimal_loss", "lrs",
+                   "lrs_mean", "train_time_s", "extra_time")
+        write_text(Path(args.out) / "table.csv",
+                   csv_text(columns, [[c[k] for k in columns] for c in cells]))
 
 
 def cmd_plot(args):
-    columns = report.TABLE_COLUMNS + tuple(name for name, _ in report.METRICS)  # Fig. 3's too
-    cells = report.reduce_runs(report.read_results(args.results, args.l0, columns), args.lrs_mean)
-    ref_cells = report.reduce_runs(report.read_results(args.reference, columns=columns),
-                                   args.lrs_mean) if args.reference else []
-    out = store.make_folder(args.out or Path(args.results).parent)
-    for stem, fig in report.figures(cells, ref_cells):
-        save_figure(fig, out, stem)
+    cells = reduce_runs(read_results(args.results), args.lrs_mean)
+    if args.reference:  # the paper's runs, drawn dashed
+        cells += [dict(c, paper=True) for c in reduce_runs(read_results(args.reference))]
+    for stem, fig in figures(cells):
+        save_figure(fig, Path(args.out or Path(args.results).parent), stem)
 
 
-def cmd_curves(args):  # report.CURVES vs step of a few runs; config.json names their heads
-    logs = {run: read_log(run) for run in args.runs}
-    configs = {run: json_object(Path(run) / "config.json", missing={}) for run in args.runs}
-    save_figure(report.curves_figure(logs, configs), store.make_folder(args.out), args.name)
+def cmd_curves(args):  # the logged statistics of a few runs; config.json names their heads
+    logs = {run: [json.loads(line) for line in (Path(run) / "log.jsonl").read_text().splitlines()]
+            for run in args.runs}
+    heads = {run: json.loads((Path(run) / "config.json").read_text())["head"] for run in args.runs}
+    save_figure(curves_figure(logs, heads), Path(args.out), args.name)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", allow_abbrev=False,
-                              help="launch a grid of train.py runs (other options go to train.py)")
+    run = commands.add_parser("run", allow_abbrev=False, help="launch a grid of train.py runs")
     run.add_argument("--grid", required=True, choices=tuple(GRIDS))
-    for option, kind, text in (("--sizes", str, "model sizes (paper: 16M 29M 57M 109M 221M)"),
-                               ("--lrs", float, "learning rates (paper: 3e-4 ... 3e-1)"),
-                               ("--heads", str, f"heads among {', '.join(HEADS)}"),
-                               ("--tie", report.boolean, "weight tying: false, true or both"),
-                               ("--lams", float, "λ for z_loss and mu_loss"),
-                               ("--caps", float, "c for soft_cap"),
-                               ("--seeds", int, "train.py --seed of each run")):
-        run.add_argument(option, nargs="+", type=kind, help=text,
-                         dest="ties" if option == "--tie" else option[2:])
-    run.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), help="proxy: both")
-    run.add_argument("--out", required=True, help="folder that holds one run folder per point")
+    run.add_argument("--tie", nargs="+", dest="ties", choices=("false", "true"))
+    for option, kind in (("--sizes", tuple(SIZES)), ("--lrs", float), ("--heads", HEADS),
+                         ("--lams", float), ("--caps", float), ("--seeds", int),
+                         ("--dtypes", ("float32", "bfloat16"))):  # each a grid's axis
+        run.add_argument(option, nargs="+", **{"type" if kind in (int, float) else "choices": kind})
+    run.add_argument("--out", required=True, help="the folder that holds a folder per run")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
-    run.add_argument("--gpus", help="local: GPU ids to share out (--nproc_per_node a run)")
-    run.add_argument("--jobs", type=store.positive_int, default=1, help="local, CPU: runs at once")
-    run.add_argument("--nproc_per_node", type=store.positive_int, default=1, help="GPUs per run")
-    run.add_argument("--nodes", type=store.positive_int, default=1, help="slurm: nodes per run")
-    run.add_argument("--sbatch", nargs="+", default=[], metavar="KEY=VALUE",
-                     help="slurm: #SBATCH options without dashes, e.g. partition=gpu time=1:00:00")
-    run.add_argument("--array_limit", type=store.non_negative_int, default=0,
-                     help="slurm: at most this many tasks at once (0: no limit)")
+    run.add_argument("--gpus", help="local: GPU ids to share out, --nproc_per_node to a run")
+    run.add_argument("--jobs", type=int, default=1, help="local, CPU: runs at once")
+    run.add_argument("--nproc_per_node", type=int, default=1, help="GPUs per run")
+    run.add_argument("--sbatch", nargs="+", default=[], help="slurm: e.g. partition=gpu mem=8G")
     run.add_argument("--submit", action="store_true", help="slurm: submit the script with sbatch")
     run.add_argument("--dry_run", action="store_true", help="print the runs' commands, run none")
-    gather = commands.add_parser("collect", help="every summary.json under DIR -> DIR/results.csv")
-    gather.add_argument("dir")
-    gather.add_argument("--out", help="CSV path (default DIR/results.csv)")
-    for name, text in (("table", "optimal loss, LRS and extra training time as Markdown + CSV"),
-                       ("plot", "the paper's Fig. 2/3/4/8 as PNG + PDF")):
-        sub = commands.add_parser(name, help=text)
+    collect = commands.add_parser("collect", allow_abbrev=False, help="summary.json files -> CSV")
+    collect.add_argument("dir")
+    collect.add_argument("--out", help="the CSV's path (default: DIR/results.csv)")
+    for name, text in (("table", "Tables 2, 3 and 6 as Markdown, and a CSV"),
+                       ("plot", "Figs. 2, 8, 3 and 4 as PNG and PDF")):
+        sub = commands.add_parser(name, allow_abbrev=False, help=text)
         sub.add_argument("results", help="a results CSV (from collect, or the published runs)")
-        sub.add_argument("--out", help="output folder (table: none; plot: the CSV's folder)")
+        sub.add_argument("--out", help="the output folder (table: none; plot: the CSV's)")
         sub.add_argument("--lrs_mean", choices=("published", "literal"), default="published",
                          help="divide the LRS sum by n_η − 1 (published tables) or n_η (Eq. 22)")
-        sub.add_argument("--l0", type=store.positive_float, help="loss at initialisation for "
-                         "every run (default: init_loss, else 10.83/10.85 by size)")
         if name == "plot":
-            sub.add_argument("--reference", help="a CSV of the paper's runs to draw (dashed)")
-    curves = commands.add_parser("curves", help="report.CURVES vs step of runs, as PNG + PDF")
-    curves.add_argument("runs", nargs="+", help="run folders (with log.jsonl)")
-    curves.add_argument("--out", required=True, help="output folder, as for plot")
+            sub.add_argument("--reference", help="a CSV of the paper's runs to draw dashed")
+    curves = commands.add_parser("curves", allow_abbrev=False, help="runs' logs vs step")
+    curves.add_argument("runs", nargs="+", help="run folders")
+    curves.add_argument("--out", required=True, help="the output folder")
     curves.add_argument("--name", default="curves", help="the figure's file name, no extension")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "run":
@@ -567,14 +597,8 @@ def main(argv=None):
                 "table": cmd_table, "plot": cmd_plot, "curves": cmd_curves}
     try:
         return commands[args.command](args) or 0
-    except BrokenPipeError:  # the reader of our output left (`sweep.py ... | head`): end quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-        return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
-    except (ValueError, OSError) as error:  # store.WriteError is an OSError with one sentence
+    except (ValueError, OSError) as error:
         raise SystemExit(f"sweep {args.command}: {error}") from None
-    except KeyboardInterrupt:
-        print(f"sweep {args.command}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
 """Each experiment's README.md: its README.in.md filled by str.format with the numbers read here
-from its committed results, so that the page cannot drift from them (tests/test_experiments.py).
+from its committed results, so that the page cannot drift from them (tests/test_experiments.py);
+and what the experiments write beside them: write_json, cpu_record (the CPU that made a result).
     python experiments/pages.py [NAME ...]     # default: every page; the last step of run.sh
 """
 import csv
 import itertools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,6 +26,26 @@ def read_csv(path) -> list[dict]:
             return text
     with open(path, newline="") as f:
         return [{key: cell(value) for key, value in row.items()} for row in csv.DictReader(f)]
+
+
+def write_json(path, obj: dict):  # whole or not at all: a temporary name, then a rename
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def cpu_record() -> dict:
+    """What decides a bf16 run on a CPU: the model name, its bf16-related flags, torch's kernels."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                               if line.startswith(name)), "unknown")
+    flags = field("flags").split()
+    return dict(model=field("model name"), torch=torch.__version__,
+                capability=torch.backends.cpu.get_cpu_capability(),
+                flags=[f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                       if f in flags])
 
 
 def markdown_table(rows) -> str:
@@ -62,35 +85,33 @@ def mechanism(results: Path) -> dict:
         key=lambda r: (r["shift"], r["base"], r["seed"]))
     blown = [r for r in of("bf16", "along3000") if r["val_loss_end"] > 10 * r["val_loss_start"]]
     ortho_f32 = of("float32", "ortho") + of("bf16_f32_head", "ortho")
+    moved = [abs(r["logit_mean_end"] - r["logit_mean_start"])
+             for s in ("along1000", "along3000", "ortho") for r in of("bf16", s)]
     wall = [r["wall_s"] for r in runs]
     paper = [r for r in paper_baselines() if r["size"] == "16M"]
-    return dict(g=g, bases=bases, n_bases=len(bases), last_base=len(bases) - 1,
-                orders=len({r["seed"] for r in runs}),
-                paper=next(r for r in paper if r["lr"] == 0.3),
-                paper_best=min(r["test_loss"] for r in paper), h_mean_norm=span("h_mean_norm", [
-                    b | dict(h_mean_norm=b["h_mu_proj"] / b["h_mu_cos"]) for b in bases]),
-                c_norm=span("c_norm_along1000", bases), val=span("val_loss", bases),
-                l_base=span("logit_mean", bases), mu=span("mu_norm", bases),
-                proj=span("h_mu_proj", bases), blown=len(blown),
-                n_3000=len(of("bf16", "along3000")), blown_min=min(
-                    (r["val_loss_end"] for r in blown), default=float("nan")),
-                noise=span("gap_end", of("float32")),
-                cures=span("gap_end", of("bf16_f32_head") + of("bf16_mu_center")),
-                test={c: paired_test([r["gap_end"] for r in of(c)],
-                                     [r["gap_end"] for r in of("float32")])
-                      for c in ("bf16_f32_head", "bf16_mu_center")},
-                rho={s: rank_correlation([abs(r["logit_mean_end"]) for r in of("bf16", s)],
-                                         [r["gap_end"] for r in of("bf16", s)])
-                     for s in ("along1000", "along3000", "ortho")},
-                ortho_l=span("logit_mean_end", of("bf16", "ortho")), moved=span("move", [
-                    r | dict(move=abs(r["logit_mean_end"] - r["logit_mean_start"]))
-                    for s in ("along1000", "along3000", "ortho") for r in of("bf16", s)]),
-                ortho_l_f32=Upper(max(abs(r["logit_mean_end"]) for r in ortho_f32)),
-                runs=len(runs), core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
-                cpu=cpu_text(json.loads((results / "cpu.json").read_text())),
-                table=(results / "table.md").read_text().rstrip("\n"),
-                drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"),
-                other=mechanism(results / "other_cpu") if (results / "other_cpu").is_dir() else {})
+    return dict(
+        g=g, bases=bases, n_bases=len(bases), last_base=len(bases) - 1, runs=len(runs),
+        orders=len({r["seed"] for r in runs}), paper=next(r for r in paper if r["lr"] == 0.3),
+        paper_best=min(r["test_loss"] for r in paper),
+        h_mean_norm=span("h", [dict(h=b["h_mu_proj"] / b["h_mu_cos"]) for b in bases]),
+        c_norm=span("c_norm_along1000", bases), val=span("val_loss", bases),
+        l_base=span("logit_mean", bases), mu=span("mu_norm", bases),
+        proj=span("h_mu_proj", bases), blown=len(blown), n_3000=len(of("bf16", "along3000")),
+        blown_min=min((r["val_loss_end"] for r in blown), default=float("nan")),
+        noise=span("gap_end", of("float32")),
+        cures=span("gap_end", of("bf16_f32_head") + of("bf16_mu_center")),
+        test={c: paired_test([r["gap_end"] for r in of(c)], [r["gap_end"] for r in of("float32")])
+              for c in ("bf16_f32_head", "bf16_mu_center")},
+        rho={s: rank_correlation([abs(r["logit_mean_end"]) for r in of("bf16", s)],
+                                 [r["gap_end"] for r in of("bf16", s)])
+             for s in ("along1000", "along3000", "ortho")},
+        ortho_l=span("logit_mean_end", of("bf16", "ortho")), moved=(min(moved), max(moved)),
+        ortho_l_f32=Upper(max(abs(r["logit_mean_end"]) for r in ortho_f32)),
+        core_min=sum(wall) / 60, wall_min=min(wall), wall_max=max(wall),
+        cpu=cpu_text(json.loads((results / "cpu.json").read_text())),
+        table=(results / "table.md").read_text().rstrip("\n"),
+        drift_1000=bf16_drift_table(runs), drift_3000=bf16_drift_table(runs, "along3000"),
+        other=mechanism(results / "other_cpu") if (results / "other_cpu").is_dir() else {})
 
 
 def paper_baselines() -> list[dict]:
@@ -148,11 +169,6 @@ def bf16_drift_table(runs: list[dict], shift: str = "along1000") -> str:
                             "gap (nats)"], *rows])
 
 
-def cpu_kernels(path: Path) -> str:  # a cpu.json in a table cell: the bf16 kernels it had
-    cpu = json.loads(path.read_text())
-    return ", ".join([cpu["capability"]] + [f for f in cpu["flags"] if "bf16" in f])
-
-
 def cpu_text(cpu: dict) -> str:
     flags = ", ".join(cpu["flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
     return f"{cpu['model']} ({flags}; torch {cpu['torch']}, kernels {cpu['capability']})"
@@ -181,26 +197,27 @@ ALIGNMENT_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv
     ("the CPU that trained them (torch's kernels, bf16 flags)", "{b[cpu]}"))
 
 
-def rarity(path: Path, buckets: tuple) -> dict:
-    """A rarity.py JSON and its table cells: bucket (the mean reach by training count), reach (that
-    of `buckets`), top2 (the share of the residual's mean square in its 2 largest coordinates)."""
+def rarity(path: Path) -> dict:
+    """A rarity.py JSON and its table cells: reach (the mean reach by training count), top2 (the
+    share of the residual's mean square in its 2 largest coordinates) and their gains."""
     a = json.loads(path.read_text())
     bucket = {b["counts"]: b["reach_mean"] for b in a["buckets"]}
     top = a["residual_top"][:2]
     return a | dict(bucket=bucket, top2=sum(c["share"] for c in top),
                     top2_gain=max(abs(c["gain"]) for c in top),
                     top2_gains=", ".join(f"{abs(c['gain']):.3f}" for c in top),
-                    reach=" / ".join(f"{bucket[k]:.2f}" if k in bucket else "–" for k in buckets))
+                    reach=" / ".join(f"{bucket[k]:.2f}" if k in bucket else "–"
+                                     for k in ("[0, 1)", "[1, 10)", "≥ 10000")))
 
 
 def alignment(results: Path) -> dict:
-    """Each pair's results_<pair>.csv by head (r) and its baseline's rarity JSON (a), the table."""
+    """Each pair's results_<pair>.csv by head (r) and its baseline's rarity JSON (a), the table;
+    frozen: frozen_gain.csv by gain (trained, frozen) and seed."""
     pairs = [p for p in ALIGNMENT_PAIRS if (results / f"results_{p}.csv").exists()]
     r = {p: {row["head"]: row | dict(minutes=row["train_time_s"] / 60, cpu=cpu_kernels(
         results / f"cpu_{p}.json")) for row in read_csv(results / f"results_{p}.csv")}
          for p in pairs}
-    a = {p: rarity(results / f"rarity_{p}.json", ("[0, 1)", "[1, 10)", "≥ 10000"))
-         for p in pairs}
+    a = {p: rarity(results / f"rarity_{p}.json") for p in pairs}
     table = markdown_table([["", *pairs], *([name, *(cell.format(
         b=r[p]["baseline"], c=r[p]["mu_center"], a=a[p]) for p in pairs)]
         for name, cell in ALIGNMENT_ROWS)])
@@ -209,6 +226,9 @@ def alignment(results: Path) -> dict:
     at_03, at_3e4 = ([row for row in paper if row["lr"] == lr] for lr in (0.3, 3e-4))
     bests = [min(row["test_loss"] for row in paper if row["size"] == size)  # each size's best η
              for size in {row["size"] for row in paper}]
+    frozen = {}
+    for row in read_csv(results / "frozen_gain.csv"):
+        frozen.setdefault(row["gain"], []).append(row)
     return dict(r=r, a=a, table=table, n_pairs=len(pairs), proj=span("h_mu_proj", baselines),
                 paper=len(paper), paper_aligned=sum(abs(row["h_mu_proj"]) >= 0.5 for row in paper),
                 paper_proj=span("h_mu_proj", at_03),
@@ -217,18 +237,33 @@ def alignment(results: Path) -> dict:
                 mu=span("mu_norm", baselines), cost_max=Upper(span("prec_ce_gap", baselines)[1]),
                 rms=span("h_norm_rms", rarities), gain=span("ln_f_gain_norm", rarities),
                 top2_min=Lower(span("top2", rarities)[0]),
-                top2_gain=Upper(span("top2_gain", rarities)[1]))
+                top2_gain=Upper(span("top2_gain", rarities)[1]), frozen=frozen)
+
+
+def cpu_kernels(path: Path) -> str:  # a cpu.json in a table cell: the bf16 kernels it had
+    cpu = json.loads(path.read_text())
+    return ", ".join([cpu["capability"]] + [f for f in cpu["flags"] if "bf16" in f])
 
 
 def proxy(results: Path) -> dict:
-    """results.csv by run name (run), table.csv by tie, size and head (t), offsets_bf16.json."""
+    """results.csv by run name (run), table.csv by tie, size and head (t), offsets_bf16.json;
+    above: by untied bf16 head|seed and η, min(L, L₀) − the best loss at each η (table (iv))."""
     rows = read_csv(results / "results.csv")
     t = {f"{r['tie']}|{r['size']}|{r['head']}": r for r in read_csv(results / "table.csv")}
     shifts = json.loads((results / "offsets_bf16.json").read_text())["offsets"]
     untied = lambda head: [r for r in rows if r["head"] == head and r["tie"] == "false"]
-    l_min, l_max = span("logit_mean", untied("baseline"))
-    return dict(run={r["run"]: r for r in rows}, t=t, l_min=l_min, l_max=l_max, runs=len(rows),
-                cost_max=max(abs(r["prec_ce_gap"]) for r in untied("baseline")),
+    above, high = {}, {}
+    for head in ("baseline", "mu_center"):
+        for seed in (0, 1):
+            runs = [r for r in untied(head) if (r["dtype"], r["seed"]) == ("bfloat16", seed)]
+            best = min(r["test_loss"] for r in runs)
+            above[f"{head}|{seed}"] = {f"{r['lr']:g}": min(r["test_loss"], r["init_loss"]) - best
+                                       for r in runs}
+        large = [above[f"{head}|{seed}"][lr] for seed in (0, 1) for lr in ("0.3", "1")]
+        high[head] = (min(large), max(large))  # at η = 0.3 and 1, both seeds
+    return dict(run={r["run"]: r for r in rows}, t=t, runs=len(rows), above=above, high=high,
+                l=span("logit_mean", untied("baseline")),
+                cost_max=Upper(max(abs(r["prec_ce_gap"]) for r in untied("baseline"))),
                 core_min=sum(r["train_time_s"] for r in rows) / 60,
                 centred_mu_max=span("mu_norm", untied("mu_center"))[1],
                 offsets=markdown_table([
@@ -237,88 +272,7 @@ def proxy(results: Path) -> dict:
                      *(f"{o['prec_ce_gap']:+.4f}" for o in shifts)]]))
 
 
-FREQUENCY_RUNS = ("uniform", "zipf", "frozen_gain_uniform", "frozen_gain_zipf")  # run.sh's sweeps
-FREQUENCY_ROWS = (  # b, c: the baseline's and μ-centering's row of results.csv; a: rarity.py's
-    ("tokens that occur in the training split, rarity.py", "{a[used]:,} of {a[vocab]:,}"),
-    ("training loss logged at step 100 / mean over the second-last, last 1,000 steps",
-     "{a[loss_first]:.2f} / {a[loss_before]:.2f}, {a[loss_last]:.2f}"),
-    ("validation loss, baseline / μ-centering", "{b[test_loss]:.3f} / {c[test_loss]:.3f}"),
-    ("‖μ‖", "{b[mu_norm]:.1f}"),
-    ("l̄ at the end (largest \\|l̄\\| logged)", "{b[logit_mean]:.2f} ({a[l_max]:.1f})"),
-    ("h̄·μ̂ (cos(h̄, μ)), rarity.py", "{a[h_mu_proj]:.3f} ({a[h_mu_cos]:.2f})"),
-    ("h̄·μ̂ logged over the last half", "{a[proj_low]:.3f} … {a[proj_high]:.3f}"),
-    ("‖h̄‖ / RMS ‖h‖ / ‖g‖, rarity.py",
-     "{a[h_mean_norm]:.3f} / {a[h_norm_rms]:.2f} / {a[ln_f_gain_norm]:.1f}"),
-    ("share of the residual's mean square in its 2 largest coordinates (\\|g\\| there), "
-     "rarity.py", "{a[top2]:.3f} ({a[top2_gains]})"),
-    ("reach aᵢ over the training targets (mean ± std), rarity.py",
-     "{a[target_reach]:.2f} ± {a[target_reach_std]:.2f}"),
-    ("reach aᵢ of never-seen rows / of tokens seen ≥ 10⁴ times, rarity.py", "{a[reach]}"),
-    ("curvature along μ̂ / along random directions, rarity.py",
-     "{a[curv_mu]:.3g} / {a[curv_random]:.3g} ({a[curv_ratio]:.1f}×)"),
-    ("cross-entropy lost to bf16 (nats), baseline / μ-centering",
-     "{b[prec_ce_gap]:+.4f} / {c[prec_ce_gap]:+.4f}"))
-
-
-class Missing:  # a table cell of a run that was not made: "–" whatever the format
-    def __format__(self, spec: str) -> str:
-        return "–"
-
-
-NO_RUN = dict(test_loss=Missing(), prec_ce_gap=Missing())
-
-
-def frequency(results: Path) -> dict:
-    """results.csv by run (r: sweep_seed → head → row), rarity JSONs (a), trajectories.csv."""
-    r = {}
-    for row in read_csv(results / "results.csv"):
-        sweep, name = row["run"].split("/")
-        r.setdefault(f"{sweep}_seed{name.rsplit('seed', 1)[1]}", {})[row["head"]] = row
-    runs = [k for k in (f"{s}_seed{seed}" for s in FREQUENCY_RUNS for seed in (0, 1)) if k in r]
-    logged = read_csv(results / "trajectories.csv")
-    a = {}
-    for k in runs:
-        a[k] = rarity(results / f"rarity_{k}.json", ("[0, 1)", "≥ 10000"))
-        sweep, seed = k.rsplit("_seed", 1)
-        run = f"{sweep}/tiny_baseline_lr0.3_tie0_bfloat16_seed{seed}"
-        points = [t for t in logged if t["run"] == run]
-        end = points[-1]["step"]
-        late = [t["h_mu_proj"] for t in points if t["step"] > end / 2]
-        loss = lambda after: np.mean([t["loss"] for t in points if 0 < t["step"] - after <= 1000])
-        a[k] |= dict(l_max=max(abs(t["logit_mean"]) for t in points), proj_low=min(late),
-                     proj_high=max(late), curv_ratio=a[k]["curv_mu"] / a[k]["curv_random"],
-                     vocab=sum(b["rows"] for b in a[k]["buckets"]), used=sum(
-                         b["rows"] for b in a[k]["buckets"] if b["counts"] != "[0, 1)"),
-                     loss_first=points[0]["loss"], loss_before=loss(end - 2000),
-                     loss_last=loss(end - 1000), loss_drop=loss(end - 2000) - loss(end - 1000))
-    cell = lambda k, form: form.format(b=r[k]["baseline"], c=r[k].get("mu_center", NO_RUN),
-                                       a=a[k])
-    names = [k.replace("frozen_gain_", "g frozen, ").replace("_seed", ", seed ") for k in runs]
-    table = markdown_table([["", *names], *([name, *(cell(k, form) for k in runs)]
-                                            for name, form in FREQUENCY_ROWS)])
-    plain = [k for k in runs if not k.startswith("frozen")]
-    pairs = [r[k] for k in plain if "mu_center" in r[k]]
-    rarities = [a[k] for k in plain]
-    times = [row["train_time_s"] for k in runs for row in r[k].values()]
-    return dict(r=r, a=a, table=table, core_min=sum(times) / 60, fastest=min(times),
-                slowest=max(times),
-                excess={language: Upper(max(row["test_loss"] for k in plain
-                                            if k.startswith(language) for row in r[k].values())
-                                        - math.log(4)) for language in ("uniform", "zipf")},
-                uniform_l_max=Upper(max(a[k]["l_max"] for k in plain if k.startswith("uniform"))),
-                cost_max=Upper(max(abs(r[k]["baseline"]["prec_ce_gap"]) for k in plain)),
-                centering_max=Upper(max(abs(p["baseline"]["test_loss"] - p["mu_center"][
-                    "test_loss"]) for p in pairs)),
-                h_mean=span("h_mean_norm", rarities), top2=span("top2", rarities),
-                top2_gain=Upper(span("top2_gain", rarities)[1]),
-                frozen_drop=[r[f"zipf_seed{seed}"]["baseline"]["logit_mean"] - r[
-                    f"frozen_gain_zipf_seed{seed}"]["baseline"]["logit_mean"] for seed in (0, 1)],
-                l_at_old_mu=a["frozen_gain_zipf_seed0"]["h_mu_proj"] * r["zipf_seed0"][
-                    "baseline"]["mu_norm"])
-
-
-WRITTEN = dict(mechanism=mechanism, alignment=alignment, proxy=proxy,  # geometry's page is prose
-               frequency=frequency)
+WRITTEN = dict(mechanism=mechanism, alignment=alignment, proxy=proxy)
 
 
 def render(name: str) -> str:

@@ -37,3 +37,48 @@ _seed_tiktoken_cache()
 # their runs. A caught signal is reset to the default in a child, an ignored one is not.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# ---- Run folders that tests/test_analyze.py and the experiments' tests measure ----
+import json  # noqa: E402 (appended after the setup above)
+
+import pytest  # noqa: E402
+
+MARKOV_VOCAB = 64  # the synthetic language's vocabulary
+
+
+@pytest.fixture(scope="session")
+def markov_dir(tmp_path_factory):
+    """Shards of a synthetic Markov language of 64 tokens (prepare.py synthetic)."""
+    import prepare
+    out = tmp_path_factory.mktemp("markov")
+    prepare.prepare_synthetic(MARKOV_VOCAB, 120_000, out, seed=0)
+    return out
+
+
+def write_run(run_dir, data_dir, tie, steps=(0, 10)):
+    """A run folder in train.py's format (config.json, ckpt_step*.pt, ckpt.pt) of a tiny model
+    whose output rows drift by a common shift, and a little per token, at each step."""
+    import model
+    import torch
+    cfg = dict(size="tiny", head="baseline", tie=tie, lam=None, cap=None,
+               vocab_size=MARKOV_VOCAB, seq_len=64, data=str(data_dir), lr=1e-3, steps=steps[-1])
+    torch.manual_seed(0)
+    gpt = model.from_config(cfg)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    generator = torch.Generator().manual_seed(2)
+    direction = torch.randn(gpt.config.n_embd, generator=generator)
+    for i, step in enumerate(steps):
+        with torch.no_grad():
+            move = direction + 0.1 * torch.randn(gpt.output_weight.shape, generator=generator)
+            gpt.output_weight.add_(0.5 * (i > 0) * move)
+        name = "ckpt.pt" if step == steps[-1] else f"ckpt_step{step:07d}.pt"
+        torch.save(dict(model=gpt.state_dict(), step=step, config=cfg), run_dir / name)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def runs(markov_dir, tmp_path_factory):
+    """Run folders on markov_dir: "untied", with a snapshot at step 0 and ckpt.pt at step 10."""
+    return dict(untied=write_run(tmp_path_factory.mktemp("runs") / "untied", markov_dir, False))

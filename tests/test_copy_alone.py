@@ -24,7 +24,7 @@ data.write_shard("s_val_000.bin", np.arange(100) % 11)
 x, y = data.ShardLoader(".", 2, 8, 0, 1, "train").next_batch()
 assert torch.equal(y[:, :-1], x[:, 1:])
 import sys
-assert not any(m in sys.modules for m in ("model", "store", "prepare", "runs", "measure"))
+assert not any(m in sys.modules for m in ("model", "prepare", "train"))
 print("ok")
 """
 NANOGPT = """
@@ -74,11 +74,10 @@ def cut(raw):
 def odd(raw):
     raw[0:4] = b"odd!!"                                     # no magic, and an odd size
 
-for folder in ("empty", "ok", "short", "zero_val", "dir_shard"):
+for folder in ("empty", "ok", "short", "zero_val"):
     os.makedirs(folder)
 shard("ok/a_train.bin", 500), shard("ok/a_val.bin", 200), shard("short/a_train.bin", 10)
 shard("zero_val/a_train.bin", 500), shard("zero_val/a_val.bin", 0)
-os.makedirs("dir_shard/x_train.bin")
 loader = data.ShardLoader("ok", 2, 8, order="random")
 CASES = [
     lambda: data.write_shard("w.bin", [70000]),
@@ -90,16 +89,10 @@ CASES = [
     lambda: data.read_shard(shard("odd.bin", edit=odd)),
     lambda: data.shard_length(shard("bare.bin", edit=header_int(0, 7))),   # a header required
     lambda: data.ShardLoader("missing", 2, 8),
-    lambda: data.ShardLoader("ok/a_train.bin", 2, 8),
-    lambda: data.ShardLoader("dir_shard", 2, 8),
     lambda: data.ShardLoader("empty", 2, 8),
-    lambda: data.ShardLoader("ok", 0, 8),
-    lambda: data.ShardLoader("ok", 2, 8, rank=2, world_size=2),
     lambda: data.ShardLoader("ok", 2, 8, world_size=2, step_rows=6),
-    lambda: data.ShardLoader("ok", 2, 8, order="shuffled"),
     lambda: data.ShardLoader("short", 2, 8),
     lambda: data.ShardLoader("ok", 2, 8).load_state_dict(loader.state_dict()),
-    lambda: loader.load_state_dict({"batches": 3}),
     lambda: data.ShardLoader("ok", 2, 8).load_state_dict({"shard": 3, "position": 0}),
     lambda: data.val_batches("ok", 10**6, 2, 8),
     lambda: data.val_steps_held("zero_val", 2, 8),
@@ -143,9 +136,8 @@ def test_every_error_of_the_copied_data_py_names_only_what_the_copy_has(tmp_path
     raises = {n for n, line in enumerate(lines, 1) if line.lstrip().startswith("raise ")
               and "SystemExit" not in line}
     assert {line for line, _ in found} == raises            # every raise of data.py, triggered
-    command = run("data.py")
-    messages = [message for _, message in found] + [command.stderr.strip()]
-    assert len(set(messages)) == len(messages) and command.returncode == 1
+    messages = [message for _, message in found]
+    assert len(set(messages)) == len(messages)
     for message in messages:                                # one sentence, destroying nothing
         assert "\n" not in message and "delete" not in message, message
         assert set(re.findall(r"\w+\.py\b", message)) <= {"data.py"}, message

@@ -16,7 +16,7 @@ def test_each_page_is_written_from_the_committed_results(name):
     assert pages.render(name) == (EXPERIMENTS / name / "README.md").read_text()
 
 
-@pytest.mark.parametrize("name", (*pages.WRITTEN, "geometry"))
+@pytest.mark.parametrize("name", pages.WRITTEN)
 def test_every_command_on_a_page_names_a_script_that_exists(name):
     text = (EXPERIMENTS / name / "README.md").read_text()
     scripts = re.findall(r"(?:python|bash) ((?:experiments|scripts)/\S+\.(?:py|sh))", text)
@@ -67,10 +67,35 @@ def test_mechanism_redraws_its_table_and_figures_from_the_committed_csvs(tmp_pat
 def test_pages_refuses_a_page_it_does_not_write():
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, str(EXPERIMENTS / "pages.py"), "geometry"],
+    done = subprocess.run([sys.executable, str(EXPERIMENTS / "pages.py"), "frequency"],
                           capture_output=True, text=True)
-    assert done.returncode == 1 and done.stderr == (
-        "pages.py: error: there is no page 'geometry'; name one of mechanism, alignment, proxy, frequency.\n")
+    assert done.returncode == 1 and done.stderr == ("pages.py: error: there is no page "
+                                                    "'frequency'; name one of mechanism, "
+                                                    "alignment, proxy.\n")
+
+
+def test_the_proxy_page_reads_table_iv_as_the_sweeps_table_prints_it():
+    """pages.proxy's min(L, L₀) − best per η, from results.csv, against sweep.py's table.md."""
+    results = EXPERIMENTS / "proxy" / "results"
+    above = pages.proxy(results)["above"]
+    table = (results / "table.md").read_text()
+    for key, size in (("baseline|0", "tiny bfloat16"), ("baseline|1", "tiny bfloat16 seed1"),
+                      ("mu_center|0", "tiny bfloat16"), ("mu_center|1", "tiny bfloat16 seed1")):
+        head = key.split("|")[0]
+        row = next(line for line in table.splitlines()
+                   if line.startswith(f"| {size} | {head} | ") and "(" in line)
+        cells = [cell.split(" (")[0].strip() for cell in row.split("|")[3:-1]]
+        assert cells == [f"{above[key][lr]:.2f}" for lr in ("0.01", "0.03", "0.1", "0.3", "1")]
+
+
+def test_write_json_replaces_the_file_whole_and_cpu_record_names_the_kernels(tmp_path):
+    path = tmp_path / "new" / "cpu.json"
+    pages.write_json(path, pages.cpu_record())
+    pages.write_json(path, dict(pages.cpu_record(), model="a CPU"))
+    assert [p.name for p in path.parent.iterdir()] == ["cpu.json"]  # no .tmp left
+    cpu = json.loads(path.read_text())
+    assert cpu["model"] == "a CPU" and set(cpu) == {"model", "torch", "capability", "flags"}
+    assert cpu["capability"] in pages.cpu_text(cpu)
 
 
 def test_the_pages_exact_tests_count_every_sign_pattern_and_every_order():

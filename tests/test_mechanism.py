@@ -123,3 +123,17 @@ def test_run_rows_drift_is_the_largest_move_of_the_mean_logit_from_its_start():
                 wall_s=1)
     row, = mechanism.run_rows([cell])
     assert row["logit_mean_drift"] == 323 and row["logit_mean_end"] == 150
+
+
+def test_the_mean_logit_figure_draws_every_run_so_one_that_blows_up_stands_alone(monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(mechanism.analyze, "save_figure", lambda fig, path: drawn.update(fig=fig))
+    ends = {0: -2e5, 1: 2000.0, 2: 500.0}  # one base, three data orders; order 0 blows up
+    curves = [dict(base=0.0, condition="bf16", shift="along3000", seed=float(seed), step=step,
+                   logit_mean=l)
+              for seed, end in ends.items() for step, l in ((0.0, 3e3), (300.0, end))]
+    mechanism.plot_logit_mean(curves, "title", "unused.png")
+    ax, = drawn["fig"].axes
+    assert sorted(line.get_ydata()[-1] for line in ax.get_lines()) == sorted(ends.values())
+    assert ax.get_yscale() == "symlog"
+    assert [t.get_text() for t in drawn["fig"].legends[0].get_texts()] == ["bf16, base seed 0"]

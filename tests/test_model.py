@@ -155,7 +155,7 @@ def test_hidden_is_the_final_layernormed_state_the_head_sees():
     torch.testing.assert_close(h.var(-1, unbiased=False), torch.ones(2, 8), atol=1e-3, rtol=0)
 
 
-def test_compiles_to_one_graph_without_the_token_check():
+def test_compiles_to_one_graph():
     m = build(vocab_size=97)
     idx = random_tokens(97, T=8)
     compiled = torch.compile(m, backend="eager", fullgraph=True)  # a graph break would raise
@@ -244,39 +244,6 @@ def test_unknown_size_names_the_valid_ones():
         model.config_for("17M")
 
 
-def test_unknown_config_field_is_named():
-    with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) dropout"):
-        model.config_for("tiny", dropout=0.1)
-
-
-def test_width_that_rope_cannot_split_is_rejected():
-    with pytest.raises(ValueError, match=r"n_embd=72 must be a multiple of 4·n_head=16"):
-        model.config_for("tiny", n_embd=72)
-
-
-def test_sequence_longer_than_block_size_is_rejected():
-    m = build(vocab_size=97, block_size=16)
-    with pytest.raises(ValueError, match=r"sequence length 17 exceeds block_size 16"):
-        m(torch.zeros(1, 17, dtype=torch.long))
-
-
-@pytest.mark.parametrize("bad", [-1, 97])
-def test_token_id_outside_the_vocabulary_is_rejected(bad):
-    m = build(vocab_size=97)
-    idx = random_tokens(97, T=8)
-    idx[1, 3] = bad
-    with pytest.raises(ValueError, match=rf"token ids must lie in \[0, 97\) but range from .*{bad}"):
-        m(idx)
-
-
-def test_idx_must_be_batch_by_time():
-    m = build(vocab_size=97)
-    with pytest.raises(ValueError, match=r"\(batch, time\) tensor of token ids, got shape \(8,\)"):
-        m(torch.zeros(8, dtype=torch.long))
-
-
-# -------------------------------------------- runs of train.py: from_config and load_checkpoint
-
 RUN_CONFIG = {"size": "tiny", "vocab_size": 97, "tie": True, "seq_len": 4096, "head": "soft_cap",
               "cap": 5.0, "lam": None, "lr": 3e-3}      # train.py's names; lr is ignored here
 
@@ -289,18 +256,6 @@ def test_from_config_builds_the_run_model_with_room_for_its_sequences():
     for name, tensor in reference.state_dict().items():
         assert torch.equal(gpt.state_dict()[name], tensor), name
     assert model.from_config({"size": "tiny", "seq_len": 64}).config.block_size == 2048
-
-
-@pytest.mark.parametrize("config, message", [
-    (None, "a model's settings must be a dict of train.py's options with at least 'size', got "
-           "NoneType."),
-    ({"size": "17M"}, "unknown model size '17M'"),
-    ({"size": "tiny", "vocab_size": 0}, "vocab_size must be a positive integer, got 0."),
-    ({"size": "tiny", "head": "nope"}, "unknown head 'nope'"),
-])
-def test_from_config_names_what_describes_no_model(config, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        model.from_config(config)
 
 
 def test_load_checkpoint_returns_what_train_saved(tmp_path):
@@ -324,30 +279,10 @@ class Payload:
         return open, (str(self.marker), "w")
 
 
-def unusable_checkpoints(tmp_path):
-    """(file, the start of the one sentence load_checkpoint must say about it)."""
-    good = {"model": {"w": torch.zeros(2)}, "step": 0, "config": {"size": "tiny"}}
-    torch.save(good, tmp_path / "good.pt")
-    whole = (tmp_path / "good.pt").read_bytes()
-    (tmp_path / "truncated.pt").write_bytes(whole[: len(whole) // 2])
-    (tmp_path / "text.pt").write_text("not a checkpoint\n")
-    torch.save({"model": Payload(tmp_path / "code_ran")}, tmp_path / "code.pt")
-    torch.save([1, 2, 3], tmp_path / "list.pt")
-    torch.save({**good, "config": None}, tmp_path / "no_config.pt")
-    cannot_read = "cannot be read as a checkpoint of train.py"
-    return [("truncated.pt", cannot_read), ("text.pt", cannot_read), ("code.pt", cannot_read),
-            ("list.pt", "is not a checkpoint of train.py (it lacks the weights"),
-            ("no_config.pt", "has no run settings (its 'config' is NoneType")]
 
-
-def test_load_checkpoint_refuses_unusable_files_in_one_sentence_and_runs_no_code(tmp_path):
-    for name, start in unusable_checkpoints(tmp_path):
-        with pytest.raises(ValueError) as error:
-            model.load_checkpoint(tmp_path / name)
-        message = str(error.value)
-        assert message.startswith(f"{tmp_path / name} {start}"), message
-        assert "weights_only" not in message and "\n" not in message
-        assert error.value.__suppress_context__ or error.value.__context__ is None
-    assert not (tmp_path / "code_ran").exists()
-    with pytest.raises(FileNotFoundError, match="is not a file; pass a checkpoint"):
-        model.load_checkpoint(tmp_path)
+def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+    marker = tmp_path / "code_ran"
+    torch.save({"model": Payload(marker), "step": 1, "config": RUN_CONFIG}, tmp_path / "c.pt")
+    with pytest.raises(Exception):  # torch's refusal of a weights_only load
+        model.load_checkpoint(tmp_path / "c.pt")
+    assert not marker.exists()

@@ -1,6 +1,5 @@
 """experiments/alignment/rarity.py: each row's reach along μ, its buckets by training count, the
-massive coordinates that cap ‖h̄‖, and the CLI and its figure on the small run folders of
-test_analyze."""
+massive coordinates that cap ‖h̄‖, and the command on conftest's run folder."""
 import json
 import math
 
@@ -11,13 +10,10 @@ import analyze
 import data
 import model
 from experiments.alignment import rarity
-from test_analyze import (VOCAB, cli, gaussian, markov_dir, one_sentence,  # noqa: F401 (fixtures)
-                          runs)
 
 
-def rarity_cli(*argv):
-    return rarity.main([str(a) for a in argv])
-
+def gaussian(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def shifted_log_probs(W, h, targets, s):
@@ -44,25 +40,6 @@ def test_moving_h_along_mu_is_seen_only_through_the_spread_of_the_rows_reach():
     assert torch.allclose(rarity.reach_along_mu(shared), torch.ones(6, dtype=torch.float64))
     assert torch.allclose(shifted_log_probs(shared, h, targets, s),
                           shifted_log_probs(shared, h, targets, 0), atol=1e-12)
-
-
-def test_curvature_along_a_direction_is_the_second_derivative_of_the_loss():
-    """curvature_along against a central second difference of mean_t CE(W(h_t + s·u)), float64;
-    along μ̂ it is ‖μ‖² times the predicted variance of the reach, zero where every aᵢ = 1."""
-    W, H = gaussian(7, 4, seed=3) + torch.tensor([1.5, 0.0, -1.0, 0.5]), gaussian(9, 4, seed=4)
-    targets, eps = torch.arange(9) % 7, 1e-4
-    u = torch.nn.functional.normalize(gaussian(1, 4, seed=5), dim=1)
-    ce = lambda s: torch.nn.functional.cross_entropy((H + s * u) @ W.T, targets)
-    second = (ce(eps) - 2 * ce(0) + ce(-eps)) / eps ** 2
-    assert rarity.curvature_along(H, W, u).item() == pytest.approx(second.item(), rel=1e-6)
-    mu, p = W.mean(0), torch.softmax(H @ W.T, 1)
-    a = rarity.reach_along_mu(W)
-    variance = (p @ a.square() - (p @ a).square()).mean() * mu.square().sum()
-    assert rarity.curvature_along(H, W, (mu / mu.norm())[None]).item() == pytest.approx(
-        variance.item(), rel=1e-12)
-    shared = W - torch.outer(W @ mu, mu) / mu.square().sum() + mu
-    assert rarity.curvature_along(H, shared, (mu / mu.norm())[None]).item() == pytest.approx(
-        0, abs=1e-12)
 
 
 def test_reach_by_frequency_buckets_the_rows_and_weights_the_targets_by_count():
@@ -96,22 +73,22 @@ def test_two_massive_coordinates_take_layernorms_variance_and_h_is_as_small_as_t
     assert expected < 0.05 * gain.norm().item()
 
 
-def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_state(
+def test_rarity_counts_the_training_tokens_and_measures_as_analyze_logits_does(
         runs, markov_dir, tmp_path):
-    out = rarity_cli("--run", runs["untied"], "--tokens", 256, "--json", tmp_path / "r.json",
-              "--plot", tmp_path / "reach.png")
+    out = rarity.main(["--run", str(runs["untied"]), "--tokens", "256", "--json",
+                       str(tmp_path / "r.json"), "--plot", str(tmp_path / "reach.png")])
     assert json.loads((tmp_path / "r.json").read_text()) == out
     assert (tmp_path / "reach.png").stat().st_size > 1000
-    counts = rarity.token_counts(markov_dir, VOCAB)
-    assert sum(b["rows"] for b in out["buckets"]) == VOCAB
+    gpt, _, _ = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
+    counts = rarity.token_counts(markov_dir, gpt.config.vocab_size)
+    assert sum(b["rows"] for b in out["buckets"]) == gpt.config.vocab_size
     assert counts.sum() == sum(len(data.read_shard(path))
                                for path in data.shard_paths(markov_dir, "train"))
-    logits = cli("logits", "--run", runs["untied"], "--tokens", 256)
+    logits = analyze.main(["logits", "--run", str(runs["untied"]), "--tokens", "256"])
     for key in ("mu_norm", "h_mu_proj", "h_mu_cos", "B_ratio"):
         assert out[key] == pytest.approx(logits[key], rel=1e-6)
     assert out["h_mu_proj"] == pytest.approx(out["h_mean_norm"] * out["h_mu_cos"], rel=1e-9)
     assert 0 < out["h_mean_norm"] <= out["h_norm_rms"]  # ‖mean‖ ≤ RMS of the norms
-    gpt, _, _ = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
     assert out["ln_f_gain_norm"] == pytest.approx(gpt.ln_f.weight.norm().item())
     assert out["h_norm_rms"] == pytest.approx(out["ln_f_gain_norm"], rel=0.1)  # near init
     shares = [c["share"] for c in out["residual_top"]]
@@ -120,21 +97,18 @@ def test_cli_rarity_counts_the_training_tokens_and_measures_the_mean_hidden_stat
         [gpt.ln_f.weight[c["coordinate"]].item() for c in out["residual_top"]])
 
 
-def test_cli_rarity_refuses_a_model_without_mu(runs, tmp_path):
+def test_rarity_refuses_a_model_without_mu_in_one_sentence(runs, tmp_path):
     gpt, cfg, step = model.load_model(runs["untied"] / "ckpt.pt", "cpu")
     with torch.no_grad():
         gpt.output_weight.sub_(gpt.output_weight.mean(0))
-    centred = tmp_path / "centred"
-    centred.mkdir()
-    (centred / "config.json").write_text(json.dumps(cfg))
-    torch.save(dict(model=gpt.state_dict(), step=step, config=cfg), centred / "ckpt.pt")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    torch.save(dict(model=gpt.state_dict(), step=step, config=cfg), tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit, match="no direction to measure along") as excinfo:
-        rarity_cli("--run", centred)
-    one_sentence(excinfo)
+        rarity.main(["--run", str(tmp_path)])
+    assert "\n" not in str(excinfo.value) and "Traceback" not in str(excinfo.value)
 
 
-
-def test_the_figure_names_its_run_and_shows_the_never_seen_rows_in_a_strip(monkeypatch, tmp_path):
+def test_the_figure_names_its_run_and_shows_the_never_seen_rows_in_a_strip(monkeypatch):
     drawn = {}
     monkeypatch.setattr(analyze, "save_figure", lambda fig, path: drawn.update(fig=fig))
     reach = torch.tensor([1.0, 1.0, 1.0, 0.4, 0.1], dtype=torch.float64).numpy()

@@ -72,25 +72,9 @@ def test_a_synthetic_vocabulary_takes_and_prints_token_ids(tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"loading {run / 'ckpt.pt'} …\n")  # before the wait
     ids = [int(word) for word in texts[0].split()]
     assert ids[:3] == [3, 1, 4] and len(ids) == 8 and all(0 <= i < 64 for i in ids)
-    with pytest.raises(SystemExit, match="vocabulary has 64 token ids, not GPT-2's text; give "
-                                         "--prompt as ids"):
-        sample.main(["--run", str(run), "--prompt", "Satan"])
-    with pytest.raises(SystemExit, match="token ids from 0 to 63 for this run, got '64'"):
-        sample.main(["--run", str(run), "--prompt", "64"])
 
 
-def test_bad_input_ends_in_one_sentence(tmp_path, capsys, monkeypatch):
-    with pytest.raises(SystemExit, match=f"{tmp_path} holds no ckpt.pt; pass --run the folder "
-                                         f"of a train.py run"):
+def test_a_folder_without_a_checkpoint_is_one_sentence(tmp_path):
+    with pytest.raises(SystemExit, match=f"{tmp_path / 'ckpt.pt'} is not a checkpoint; pass "
+                                         f"--run the folder of a train.py run"):
         sample.main(["--run", str(tmp_path)])
-    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(SystemExit, match="cannot be read as a checkpoint of train.py"):
-        sample.main(["--run", str(tmp_path)])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    devices = "cpu, or cuda or cuda:N where torch sees a GPU"
-    for flag, value, rule in (("--device", "gpu", devices), ("--device", "cuda:0", devices),
-                              ("--seed", str(2 ** 64), "an integer from 0 to 2^64 − 1")):
-        with pytest.raises(SystemExit):  # a seed past 2^64: a traceback as drawing began
-            sample.main(["--run", str(tmp_path), flag, value])
-        assert capsys.readouterr().err.endswith(f"error: argument {flag}: {value} is invalid; "
-                                                f"give {rule}\n")

@@ -1,5 +1,6 @@
 """What holds h̄·μ̂ small (experiments/alignment/README.md): each output row's reach along μ by
 its token's training count, the mean hidden state, and the residual coordinates that bound it.
+    python experiments/alignment/rarity.py --run RUN_DIR --tokens 4096 --json r.json --plot r.png
 """
 import argparse
 import math
@@ -13,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root, whose 
 import analyze
 import data
 import heads
-import measure
 
 COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1), [1, 10), … ≥ 10⁴
 
@@ -21,7 +21,7 @@ COUNT_EDGES = (0, 1, 10, 100, 1000, 10000)  # buckets of training counts: [0, 1)
 def reach_along_mu(W: torch.Tensor) -> torch.Tensor:
     """aᵢ = eᵢ·μ̂ / ‖μ‖ for every row, float64 (V,), of mean 1. Moving h by s·μ̂ moves logit i by
     s·‖μ‖·aᵢ, of which the loss sees only s·‖μ‖·(aᵢ − Σⱼ pⱼaⱼ): were every aᵢ = 1, h·μ̂ would be
-    free to drift; where aᵢ follows token i's frequency, the loss sets it."""
+    free to drift; where aᵢ follows token i's frequency, the loss sees it."""
     mu = W.double().mean(0)
     return W.double() @ mu / mu.square().sum()
 
@@ -43,38 +43,24 @@ def reach_by_frequency(reach: torch.Tensor, counts: torch.Tensor) -> tuple[list[
                          target_reach_std=(weight @ (reach - mean).square()).sqrt().item())
 
 
-def curvature_along(H: torch.Tensor, W: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
-    """For each unit direction u (rows of `directions`), the loss's second derivative as every
-    hidden state moves along it: d²/ds² mean_t CE(W(h_t + s·u)) at s = 0 = mean_t Var_{p_t}(z) with
-    zᵢ = eᵢ·u, since softmax's Hessian in the logits is diag(p) − ppᵀ. Along μ̂, zᵢ = ‖μ‖·aᵢ:
-    the loss holds h·μ̂ as firmly as the predicted tokens' reach differs."""
-    Z = W @ directions.T                                   # (V, k): how u moves each logit
-    total = torch.zeros(len(directions), dtype=W.dtype)
-    for chunk in H.split(256):                             # (256, V) probabilities at a time
-        p = torch.softmax(chunk @ W.T, dim=1)
-        total += (p @ Z.square() - (p @ Z).square()).sum(0)
-    return total / len(H)
-
-
-def curvatures(H: torch.Tensor, W: torch.Tensor, n_random: int = 16) -> dict:
-    """curvature_along μ̂, along h̄/‖h̄‖, and the mean and std over n_random random directions."""
-    random = torch.randn(n_random, W.shape[1], generator=torch.Generator().manual_seed(0),
-                         dtype=W.dtype)
-    directions = torch.cat([torch.stack([W.mean(0), H.mean(0)]), random])
-    k = curvature_along(H, W, directions / directions.norm(dim=1, keepdim=True))
-    return dict(curv_mu=k[0].item(), curv_h_mean=k[1].item(), curv_random=k[2:].mean().item(),
-                curv_random_std=k[2:].std().item())
-
-
 def token_counts(data_dir, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(sum(np.bincount(data.read_shard(path), minlength=vocab_size)
                                 [:vocab_size] for path in data.shard_paths(data_dir, "train")))
 
 
+def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
+    """The k coordinates of X (N×D) of largest mean square: their share of it, the gain g on them
+    (a few that carry it all take LayerNorm's unit variance: h is as small as g there)."""
+    energy = X.square().mean(0)
+    share, index = (energy / energy.sum()).topk(min(k, len(energy)))
+    return [dict(coordinate=i, share=s, gain=gain[i].item())
+            for s, i in zip(share.tolist(), index.tolist())]
+
+
 def run_rarity(args) -> dict:
     """Each row's reach aᵢ by its token's training count, B_ratio, and over N validation tokens
-    ‖h̄‖, RMS ‖h‖, h̄·μ̂ (≤ ‖h̄‖ ≤ RMS ‖h‖) and cos(h̄, μ); ‖h‖ = ‖g ⊙ z‖ (g: ln_f's gain, z of unit
-    RMS) is ≈ ‖g‖ when the residual's variance spreads evenly, less where g is small."""
+    ‖h̄‖, RMS ‖h‖, h̄·μ̂ (|h̄·μ̂| ≤ ‖h̄‖ ≤ RMS ‖h‖) and cos(h̄, μ); ‖h‖ = ‖g ⊙ z‖ (g: ln_f's gain,
+    z of unit RMS) is ≈ ‖g‖ when the residual's variance spreads evenly, less where g is small."""
     (gpt, cfg, step), = analyze.models(args)
     data_dir = args.data or cfg.get("data")
     if not data_dir:
@@ -91,33 +77,23 @@ def run_rarity(args) -> dict:
     H = analyze.hidden_states(gpt, cfg, args, args.tokens)[0].double()
     hook.remove()
     h_mu_proj, h_mu_cos = (x.item() for x in heads.mean_state_alignment(H.mean(0), W))
+    gain = gpt.ln_f.weight.detach().double()
     result = dict(step=step, head=cfg["head"], tokens=len(H), mu_norm=mu_norm,
                   h_mean_norm=H.mean(0).norm().item(),
                   h_norm_rms=H.square().sum(1).mean().sqrt().item(),
-                  ln_f_gain_norm=gpt.ln_f.weight.norm().item(), h_mu_proj=h_mu_proj,
-                  h_mu_cos=h_mu_cos, **targets, **curvatures(H, W), B_ratio=measure.b_ratio(W),
-                  buckets=buckets,
-                  residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(),
-                                               gpt.ln_f.weight.detach().double()))
-    analyze.print_table(buckets, f"rarity: {analyze.describe(args, cfg, step)}; "
-                        "aᵢ = eᵢ·μ̂/‖μ‖ by training count")
+                  ln_f_gain_norm=gain.norm().item(), h_mu_proj=h_mu_proj, h_mu_cos=h_mu_cos,
+                  **targets, B_ratio=analyze.b_ratio(W), buckets=buckets,
+                  residual_top=top_coordinates(torch.cat(residual)[:len(H)].double(), gain))
+    title = analyze.describe(args, cfg, step)
+    analyze.print_table(buckets, f"rarity: {title}; aᵢ = eᵢ·μ̂/‖μ‖ by training count")
     analyze.print_table([dict(quantity=k, value=v) for k, v in result.items() if type(v) is float],
-                f"over the training tokens (target_reach) and {len(H)} validation tokens (h)")
+                        f"over the training tokens (target_reach) and {len(H)} validation tokens")
     analyze.print_table(result["residual_top"], "the residual stream's largest coordinates: their "
-                        "share of its mean square over the tokens, and the final LayerNorm's gain")
+                        "share of its mean square, and the final LayerNorm's gain on them")
     if args.plot:
-        plot_reach(reach.cpu().numpy(), counts.numpy(), f"{analyze.describe(args, cfg, step)}\n"
-                   f"each output row's reach along μ (‖μ‖ = {mu_norm:.0f})", args.plot)
+        plot_reach(reach.numpy(), counts.numpy(), f"{title}\neach output row's reach along μ "
+                   f"(‖μ‖ = {mu_norm:.0f})", args.plot)
     return result
-
-
-def top_coordinates(X: torch.Tensor, gain: torch.Tensor, k: int = 3) -> list[dict]:
-    """The k coordinates of X (N×D) of largest mean square: their share of it, the gain g on them
-    (a few that carry it all take LayerNorm's unit variance: h is as small as g there)."""
-    energy = X.square().mean(0)
-    share, index = (energy / energy.sum()).topk(min(k, len(energy)))
-    return [dict(coordinate=i, share=s, gain=gain[i].item())
-            for s, i in zip(share.tolist(), index.tolist())]
 
 
 def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> None:
@@ -137,8 +113,8 @@ def plot_reach(reach: np.ndarray, counts: np.ndarray, title: str, path: str) -> 
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, parents=[
-                                analyze.shared_options()[1], analyze.model_source(required=True)],
+    p = argparse.ArgumentParser(description=__doc__, parents=[analyze.options()],
+                                allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     args = p.parse_args(argv)
     args.command, args.tokens = "rarity", args.tokens or analyze.DEFAULTS["tokens"]

@@ -6,7 +6,8 @@
 # to the token ids its training split uses (prepare.py renumber), so that no output row belongs
 # to a token training never shows. Every run logs ‖μ‖, the
 # mean logit l̄, h̄·μ̂ = l̄/‖μ‖ (h_mu_proj), cos(h̄, μ) and prec_* every 100 steps.
-#   bash experiments/alignment/run.sh [VARIANT ...]   # default: base lr1 small batch16 seq512 long dense
+#   bash experiments/alignment/run.sh [VARIANT ...]
+#   (default: base lr1 small batch16 seq512 long dense)
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
 # Each pair writes only its own files, so the pairs can be trained in different sessions.
 # seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
@@ -36,7 +37,10 @@ variants=("$@")
 [[ " ${variants[*]} " != *" dense "* ]] || [ -d data/shakespeare_dense ] ||
     python prepare.py renumber data/shakespeare --out data/shakespeare_dense
 for v in "${variants[@]}"; do
-    [ -n "${FACTOR[$v]+set}" ] || { echo "unknown variant $v; choose among ${!FACTOR[*]}" >&2; exit 2; }
+    if [ -z "${FACTOR[$v]+set}" ]; then
+        echo "unknown variant $v; choose among ${!FACTOR[*]}" >&2
+        exit 2
+    fi
     # the base settings first; a variant's option comes later and wins
     python sweep.py run --grid custom --sizes tiny --lrs 0.3 --heads baseline mu_center \
         --tie false --dtypes bfloat16 --out "$RUNS/$v" --jobs 2 --data data/shakespeare \
@@ -47,7 +51,8 @@ done
 mkdir -p "$OUT"
 for v in "${variants[@]}"; do
     python sweep.py collect "$RUNS/$v" --out "$OUT/results_$v.csv"
-    python -c 'import runs, sys; runs.write_json(sys.argv[1], runs.cpu_record())' "$OUT/cpu_$v.json"
+    python -c 'import sys; from experiments import pages
+pages.write_json(sys.argv[1], pages.cpu_record())' "$OUT/cpu_$v.json"
     python sweep.py curves "$RUNS/$v"/*_tie0_* --out "$OUT" --name "curves_$v"
     python experiments/alignment/rarity.py --run "$RUNS/$v"/*_baseline_* --tokens 4096 \
         --json "$OUT/rarity_$v.json" --plot "$OUT/rarity_$v.png"

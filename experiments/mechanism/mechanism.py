@@ -24,13 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root, whose modules
 sys.path.insert(0, str(ROOT))
 import analyze
 import data
-from experiments import pages
-import fused_loss
 import heads
-import store
 import train
+from experiments import pages
 from model import from_config, load_checkpoint
-from runs import cpu_record, write_json
 
 
 # train.py's --dtype (the body's autocast), --head and --head_dtype; the figures' colour and label
@@ -83,7 +80,7 @@ def build_condition_model(config: dict, state: dict, condition: Condition, model
     model = from_config({**config, "head": condition.head, "head_dtype": condition.head_dtype,
                          "lam": None, "cap": None})
     model.load_state_dict(state)
-    model.head.loss_path = fused_loss.loss_path(None, "cpu")
+    model.head.chunk_size = 64  # the chunked loss, as train.py runs it on a CPU
     return model.to(model_dtype)
 
 
@@ -163,7 +160,7 @@ def run_cell(job) -> str:
                           CONDITIONS[condition].dtype, args.measure_every)
     result |= dict(base=base, condition=condition, shift=shift, seed=seed,
                    wall_s=time.perf_counter() - start)
-    write_json(cell_path(*job), result)
+    pages.write_json(cell_path(*job), result)
     return cell_path(*job).name
 
 
@@ -174,10 +171,9 @@ def prepare_shifts(args, base: int):
     _, model = base_model(args, base, CONDITIONS["bf16"])
     H = torch.cat([hidden_states(model, x, amp_for("bfloat16")) for x, _ in val_windows(args)])
     W = model.output_weight.detach().double()
-    shifts = {name: dict(c=c.tolist(), c_norm=c.norm().item(),
-                         logit_mean=(H.mean(0) @ (W.mean(0) + c)).item())
+    shifts = {name: dict(c=c.tolist(), c_norm=c.norm().item())
               for name, c in shift_vectors(H, W).items()}
-    write_json(path, shifts)
+    pages.write_json(path, shifts)
     return shifts
 
 
@@ -279,7 +275,7 @@ def write_results(args):
         c_norm_along1000=prepare_shifts(args, b)["along1000"]["c_norm"])
                  for b in sorted({r["base"] for r in rows})}
     write_csv(out / "bases.csv", base_rows(rows, summaries))
-    write_json(out / "cpu.json", cpu_record())
+    pages.write_json(out / "cpu.json", pages.cpu_record())
 
 
 def gap_table(gaps: list[dict], bases: list[dict], args) -> str:
@@ -298,18 +294,16 @@ def gap_table(gaps: list[dict], bases: list[dict], args) -> str:
         ("h̄·μ̂", "h_mu_proj", "{:.3f}"), ("bf16 gap, L = 1000", "bf16_gap_along1000", "{:+.2f}"),
         ("bf16 l̄ change, L = 1000", "bf16_dl_along1000", "{:+.0f}"),
         ("bf16 gap, L = 3000", "bf16_gap_along3000", "{:+.3g}")) if key in bases[0]]
-    over = "the base" if n_bases == 1 else f"the {n_bases:.0f} bases"
-    spread = ("mean ± std over the data orders" if n_bases == 1 else "mean [range of the bases' "
-              "means] ± std over the data orders within a base (pooled)")
-    bracket = lambda g: "" if n_bases == 1 else (f" [{g['base_mean_min']:+.2f}, "
-                                                  f"{g['base_mean_max']:+.2f}]")
+    over = f"the {n_bases:.0f} bases"
+    spread = "mean [range of the bases' means] ± std over the data orders within a base (pooled)"
     return "\n".join(
         table("Validation loss right after the shift minus the same numerics' unshifted run "
               f"(nats; the forward pass alone), mean over {over}:",
               lambda g: f"{g['gap_start_mean']:+.2g}")
         + table(f"The same after {args.steps} steps at η = {args.lr:g}, {n_runs:.0f} runs "
                 f"({over} × {n_runs / n_bases:.0f} data orders): {spread} (nats):",
-                lambda g: f"{g['gap_end_mean']:+.2f}{bracket(g)} ± {g['within_bases']:.2f}")
+                lambda g: f"{g['gap_end_mean']:+.2f} [{g['base_mean_min']:+.2f}, "
+                          f"{g['base_mean_max']:+.2f}] ± {g['within_bases']:.2f}")
         + table("How far the mean logit wandered in those steps: the largest |l̄(t) − l̄(0)| "
                 "over the logged steps, mean over the runs:",
                 lambda g: f"{g['drift_mean']:.0f}")
@@ -377,34 +371,35 @@ def plot_gaps(gapped: list[dict], title: str, path: Path):
 
 
 def plot_logit_mean(curves: list[dict], title: str, path: Path):
+    """l̄ over the steps after the shift, a line per run: colour the numerics, style the base."""
     panels = [s for s in ("along300", "along1000", "along3000", "ortho")
               if any(c["shift"] == s for c in curves)]
     fig, axes = analyze.new_axes(1, len(panels), squeeze=False, figsize=(3.4 * len(panels), 4.1))
     styles = ("-", "--", ":", "-.")
+    runs = sorted({(c["condition"], c["base"], c["seed"]) for c in curves},
+                  key=lambda run: (list(CONDITIONS).index(run[0]), *run[1:]))
     for ax, shift in zip(axes[0], panels):
-        for condition, (*_, colour, label) in CONDITIONS.items():
-            if not any(c["condition"] == condition for c in curves):
-                continue  # not run: no empty legend entry
-            for base in sorted({c["base"] for c in curves}):
-                points = [(c["step"], c["logit_mean"]) for c in curves
-                          if (c["base"], c["condition"], c["shift"]) == (base, condition, shift)]
-                steps = sorted({step for step, _ in points})
-                ax.plot(steps, [np.mean([l for t, l in points if t == step]) for step in steps],
-                        color=colour, linestyle=styles[int(base) % len(styles)], lw=1,
-                        label=f"{label}, base seed {base:.0f}")
+        for condition, base, seed in runs:
+            steps, l_mean = zip(*[(c["step"], c["logit_mean"]) for c in curves
+                                  if (c["condition"], c["base"], c["seed"], c["shift"])
+                                  == (condition, base, seed, shift)])
+            label = f"{CONDITIONS[condition].label}, base seed {base:.0f}" if seed == 0 else None
+            ax.plot(steps, l_mean, color=CONDITIONS[condition].colour, lw=0.8, alpha=0.8,
+                    linestyle=styles[int(base) % len(styles)], label=label,
+                    zorder=2 + (condition == "bf16"))  # bf16's lines on top
         ax.set_title(shift_label(shift), fontsize=9)
         if max(abs(c["logit_mean"]) for c in curves if c["shift"] == shift) > 1e4:
             ax.set_yscale("symlog", linthresh=100)  # a diverging run leaves for −10⁵
         ax.set(xlabel="step after the shift", ylabel="mean logit l̄ = μ·h̄")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}\nmean logit, mean over the data orders of each base", fontsize=9)
+    fig.suptitle(f"{title}\nmean logit of every run, a line per data order", fontsize=9)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=4,
                fontsize=7)
     analyze.save_figure(fig, path)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--data", default="data/shakespeare", help="a folder of shards (scripts/shakespeare.sh)")
@@ -412,22 +407,22 @@ def main(argv=None):
     a("--out", default="experiments/mechanism/results", help="the CSVs, table and figures")
     a("--from_results", action="store_true",
       help="train nothing: write table.md and the figures from the CSVs in --out")
-    a("--base_steps", type=store.positive_int, default=2000, help="steps of the base run")
-    a("--steps", type=store.positive_int, default=300, help="steps of each continued run")
-    a("--lr", type=store.positive_float, default=0.03, help="constant η of the continued runs")
-    a("--base_seeds", type=store.positive_int, default=3, help="base runs, initial seeds 0 … − 1")
-    a("--seeds", type=store.positive_int, default=3, help="data orders 0 … seeds − 1")
+    a("--base_steps", type=int, default=2000, help="steps of the base run")
+    a("--steps", type=int, default=300, help="steps of each continued run")
+    a("--lr", type=float, default=0.03, help="constant η of the continued runs")
+    a("--base_seeds", type=int, default=3, help="base runs, initial seeds 0 … base_seeds − 1")
+    a("--seeds", type=int, default=3, help="data orders 0 … seeds − 1")
     a("--conditions", nargs="+", default=[c for c in CONDITIONS if c != "bf16_mu_loss"],
       choices=list(CONDITIONS))
     a("--shifts", nargs="+", default=list(SHIFTS), choices=ALL_SHIFTS,
       help="`none` is every gap's reference")
-    a("--val_tokens", type=store.positive_int, default=4096, help="validation tokens scored")
-    a("--measure_every", type=store.positive_int, default=25, help="steps between l̄, val loss")
-    a("--jobs", type=store.positive_int, default=2, help="runs at once (one core each)")
+    a("--val_tokens", type=int, default=4096, help="validation tokens scored")
+    a("--measure_every", type=int, default=25, help="steps between l̄, val loss")
+    a("--jobs", type=int, default=2, help="runs at once (one core each)")
     args = p.parse_args(argv)
     try:
         if not args.from_results:
-            store.check_dataset(args.data)  # one whole dataset, before any run starts
+            data.shard_paths(args.data, "train")  # no data: one sentence, before any run starts
             run_all(args)
             write_results(args)
         report(Path(args.out), args)

@@ -21,8 +21,9 @@ python sweep.py collect "$RUNS" --out "$OUT/results.csv"
 python sweep.py table "$OUT/results.csv" --out "$OUT"
 python sweep.py plot "$OUT/results.csv"
 run() { echo "$RUNS/tiny_$1"; }
-python sweep.py curves $(run baseline_lr1_tie0_bfloat16_seed0) $(run mu_center_lr1_tie0_bfloat16_seed0) \
-    $(run baseline_lr1_tie0_bfloat16_seed1) $(run mu_center_lr1_tie0_bfloat16_seed1) \
+python sweep.py curves $(run baseline_lr1_tie0_bfloat16_seed0) \
+    $(run mu_center_lr1_tie0_bfloat16_seed0) $(run baseline_lr1_tie0_bfloat16_seed1) \
+    $(run mu_center_lr1_tie0_bfloat16_seed1) \
     --out "$OUT" --name curves_untied_lr1_bf16
 python sweep.py curves $(run baseline_lr0.01_tie1_bfloat16_seed0) \
     $(run mu_center_lr0.01_tie1_bfloat16_seed0) --out "$OUT" --name curves_tied_lr0.01_bf16

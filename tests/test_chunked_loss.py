@@ -1,16 +1,12 @@
-"""fused_loss.py's chunked loss path equals heads.py's plain reference path: values and gradients,
-of every head and SETTINGS dtype, through torch's op and our loop; gradcheck of our backward.
-Heads defined here, overriding the hooks, check that every path computes the head it is given
-through its hooks."""
-import importlib
-import itertools
+"""heads.py's chunked loss (head.chunk_size > 0) equals its plain path: values and gradients, of
+every head and SETTINGS dtype; gradcheck of its hand-derived backward. Heads defined here, each
+overriding a hook, check that both paths compute the head they are given through its hooks."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-import fused_loss
 import heads
 import model
 
@@ -48,20 +44,10 @@ class AllThree(AtanCap, CubedLogZ, RowNorms):
 CUSTOM_HEADS = {cls.__name__: cls for cls in (AtanCap, CubedLogZ, RowNorms, AllThree)}
 
 
-def count_torch_op_calls(monkeypatch) -> list:
-    """A list that grows by one with every call of F.linear_cross_entropy (empty without it)."""
-    calls = []
-    if fused_loss.TORCH_OP:
-        real = F.linear_cross_entropy
-        monkeypatch.setattr(F, "linear_cross_entropy",
-                            lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
-
-
-def make_head(name):
+def make_head(name, chunk_size=0, **options):
     if name in CUSTOM_HEADS:
-        return CUSTOM_HEADS[name]()
-    return heads.build(name, **HPARAMS.get(name, {}))
+        return CUSTOM_HEADS[name](chunk_size=chunk_size, **options)
+    return heads.build(name, chunk_size=chunk_size, **options, **HPARAMS.get(name, {}))
 
 
 def make_inputs(dtype, seed=0, n_tokens=37):
@@ -85,21 +71,13 @@ def assert_close(actual, expected, tol):
     assert (actual.double() - expected.double()).abs().max() <= tol * scale
 
 
-NEEDS_TORCH_OP = pytest.mark.skipif(not fused_loss.TORCH_OP,
-                                    reason="torch < 2.13 has no F.linear_cross_entropy")
-
-
-@pytest.mark.parametrize("torch_op", [pytest.param(True, marks=NEEDS_TORCH_OP), False])
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("name", heads.HEADS)
-def test_chunked_equals_plain(name, setting, torch_op):
+def test_chunked_equals_plain(name, setting):
     dtype, autocast, tol = SETTINGS[setting]
-    head = make_head(name)
     h, w, targets = make_inputs(dtype)
-    plain = loss_and_grads(head, h, w, targets, autocast)
-    chunked = loss_and_grads(
-        lambda *a: fused_loss.chunked_loss(head, *a, chunk_size=8, torch_op=torch_op),
-        h, w, targets, autocast)
+    plain = loss_and_grads(make_head(name), h, w, targets, autocast)
+    chunked = loss_and_grads(make_head(name, chunk_size=8), h, w, targets, autocast)
     (loss_p, stats_p, grads_p), (loss_c, stats_c, grads_c) = plain, chunked
     assert loss_c.dtype == loss_p.dtype and loss_c.shape == ()
     assert_close(loss_c, loss_p, tol)
@@ -114,11 +92,10 @@ def test_chunked_equals_plain(name, setting, torch_op):
 
 @pytest.mark.parametrize("name", [*heads.HEADS, *CUSTOM_HEADS])
 def test_backward_matches_finite_differences(name):
-    """The hand-derived gradient (docstring of _ChunkedSoftmaxLoss) against float64 numerics."""
-    head = make_head(name)
+    """The hand-derived gradient (heads.ChunkedLoss's docstring) against float64 numerics."""
+    head = make_head(name, chunk_size=5)
     h, w, targets = make_inputs(torch.float64, seed=1, n_tokens=6)
-    assert torch.autograd.gradcheck(
-        lambda h, w: fused_loss.chunked_loss(head, h, w, targets, chunk_size=5)[0], (h, w),
+    assert torch.autograd.gradcheck(lambda h, w: head(h, w, targets)[0], (h, w),
         fast_mode=True)  # checks random directions: the full Jacobian takes minutes
 
 
@@ -148,24 +125,19 @@ def test_the_plain_path_of_a_new_head_is_its_hooks(name):
     assert abs(loss.item() - make_head("baseline")(h, w, targets)[0].item()) > 0.05
 
 
-@pytest.mark.parametrize("torch_op", [None, False])
 @pytest.mark.parametrize("chunk_size", [1, 8, 74, 100])  # 74 tokens: 8 leaves a ragged chunk of 2
 @pytest.mark.parametrize("all_ignored", [False, True])
 @pytest.mark.parametrize("name", [*heads.HEADS, *CUSTOM_HEADS])
-def test_every_path_computes_the_head_it_is_given(name, all_ignored, chunk_size, torch_op,
-                                                  monkeypatch):
-    """Built-in or new, the chunked path (torch's op where plain_softmax holds and torch_op is
-    None, our loop elsewhere) gives the plain path's loss, stats and gradients in float64."""
-    calls = count_torch_op_calls(monkeypatch)
-    head = make_head(name)
+def test_every_head_chunked_is_its_plain_path_within_1e_12_in_float64(name, all_ignored,
+                                                                      chunk_size):
+    """Built-in or new: the same loss, stats and gradients, in chunks that divide the 74 tokens
+    or not, one token a chunk, or all in one."""
     h, w, targets = make_inputs(torch.float64)
     if all_ignored:
         targets = torch.full_like(targets, heads.IGNORE)
-    loss_p, stats_p, grads_p = loss_and_grads(head, h, w, targets, False)
-    loss_c, stats_c, grads_c = loss_and_grads(
-        lambda *a: fused_loss.chunked_loss(head, *a, chunk_size=chunk_size, torch_op=torch_op),
-        h, w, targets, False)
-    assert bool(calls) == (fused_loss.TORCH_OP and torch_op is None and head.plain_softmax)
+    loss_p, stats_p, grads_p = loss_and_grads(make_head(name), h, w, targets, False)
+    loss_c, stats_c, grads_c = loss_and_grads(make_head(name, chunk_size=chunk_size), h, w,
+                                              targets, False)
     for got, want in zip((loss_c, stats_c["ce"], stats_c["reg"], *grads_c),
                          (loss_p, stats_p["ce"], stats_p["reg"], *grads_p)):
         assert_close(got, want, 1e-12)
@@ -173,12 +145,11 @@ def test_every_path_computes_the_head_it_is_given(name, all_ignored, chunk_size,
 
 
 def test_all_targets_ignored_gives_zero_loss_like_plain():
-    head = make_head("z_loss")
     h, w, targets = make_inputs(torch.float32)
     targets = torch.full_like(targets, -1)
-    loss, _, (grad_h, grad_w) = loss_and_grads(
-        lambda *a: fused_loss.chunked_loss(head, *a, chunk_size=8), h, w, targets, False)
-    assert loss.item() == 0.0 == head(h, w, targets)[0].item()
+    loss, _, (grad_h, grad_w) = loss_and_grads(make_head("z_loss", chunk_size=8), h, w, targets,
+                                               False)
+    assert loss.item() == 0.0 == make_head("z_loss")(h, w, targets)[0].item()
     assert grad_h.abs().max() == 0 and grad_w.abs().max() == 0
 
 
@@ -186,98 +157,18 @@ def test_all_targets_ignored_gives_zero_loss_like_plain():
 def test_without_grad_gives_the_same_loss_and_does_no_backward_work(name):
     """Under no_grad only the forward matmul runs (2·N·D·V FLOPs), not the two of ∂L/∂h and
     ∂L/∂W: ctx.needs_input_grad says True there, so the decision is taken at the call site."""
-    head = make_head(name)
     h, w, targets = make_inputs(torch.float32)
     n_tokens = targets.numel()
     with torch.no_grad(), FlopCounterMode(display=False) as flops:
-        loss, stats = fused_loss.chunked_loss(head, h, w, targets, chunk_size=8, torch_op=False)
+        loss, stats = make_head(name, chunk_size=8)(h, w, targets)
     assert flops.get_total_flops() == 2 * n_tokens * D * V
-    assert_close(loss, head(h, w, targets)[0].detach(), 2e-6)
+    assert_close(loss, make_head(name)(h, w, targets)[0].detach(), 2e-6)
     assert not loss.requires_grad and stats["ce"] > 0
-
-
-def test_bad_chunk_size_is_a_clear_error():
-    h, w, targets = make_inputs(torch.float32)
-    with pytest.raises(ValueError, match="chunk_size must be a positive number of tokens"):
-        fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=0)
-
-
-def test_asking_for_torchs_op_where_it_is_missing_is_a_clear_error(monkeypatch):
-    """torch 2.11 has neither F.linear_cross_entropy nor torch.nn.LinearCrossEntropyOptions."""
-    monkeypatch.setattr(fused_loss, "TORCH_OP", False)
-    h, w, targets = make_inputs(torch.float32)
-    with pytest.raises(ValueError, match="torch_op=True needs torch ≥ 2.13"):
-        fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8, torch_op=True)
-
-
-def test_torch_op_is_used_where_it_computes_the_loss_and_skipped_where_absent(monkeypatch):
-    """baseline / μ-loss / μ-centering go through F.linear_cross_entropy in float32 but not with
-    a bf16 matmul (torch's op would round the loss to bf16); soft-cap and z-loss never; and
-    without the op (torch < 2.13) every head falls back to our own loop."""
-    calls = count_torch_op_calls(monkeypatch)
-    h, w, targets = make_inputs(torch.float32)
-    for name in heads.HEADS:
-        fused_loss.chunked_loss(make_head(name), h, w, targets, chunk_size=8)
-    assert len(calls) == (3 if fused_loss.TORCH_OP else 0)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
-    assert len(calls) == (3 if fused_loss.TORCH_OP else 0)
-    monkeypatch.delattr(F, "linear_cross_entropy", raising=False)
-    monkeypatch.setattr(fused_loss, "TORCH_OP", False)
-    loss, _ = fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
-    assert_close(loss, make_head("baseline")(h, w, targets)[0], 2e-6)
-
-
-def test_the_path_name_says_which_implementation_runs(monkeypatch):
-    """What train.py prints: torch's op exactly where chunked_loss calls it, for every head in a
-    float32 and a bf16 (autocast) run, with and without a float32 head matmul; heads.py's
-    forward without a loss_path."""
-    calls = count_torch_op_calls(monkeypatch)
-    h, w, targets = make_inputs(torch.float32)
-    for name, head_dtype in itertools.product(heads.HEADS, (None, torch.float32)):
-        for dtype in (torch.float32, torch.bfloat16):
-            head = heads.build(name, **HPARAMS.get(name, {}), matmul_dtype=head_dtype)
-            head.loss_path = fused_loss.loss_path(8, "cpu")
-            before = len(calls)
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype == torch.bfloat16):
-                head(h, w, targets)
-            ran_op = len(calls) > before
-            assert fused_loss.path_name(head, dtype) == (
-                "torch's F.linear_cross_entropy, 8 tokens a chunk" if ran_op else
-                "fused_loss.py's loop through the head's hooks, 8 tokens a chunk"), (name, dtype)
-    # 3 plain-softmax heads × the 3 of 4 dtype settings whose matmul is float32
-    assert len(calls) == (3 * 3 if fused_loss.TORCH_OP else 0)
-    assert fused_loss.path_name(make_head("baseline"), torch.float32) == "heads.py's plain forward"
-
-
-@pytest.mark.parametrize("missing", [(F, "linear_cross_entropy"),
-                                     (torch.nn, "LinearCrossEntropyOptions")])
-def test_a_torch_without_either_half_of_the_fused_op_falls_back_to_our_loop(monkeypatch, missing):
-    """torch 2.11 has neither; both are needed, so the absence of either means our own loop."""
-    monkeypatch.delattr(*missing, raising=False)
-    try:
-        importlib.reload(fused_loss)
-        assert not fused_loss.TORCH_OP
-        h, w, targets = make_inputs(torch.float32)
-        loss, _ = fused_loss.chunked_loss(make_head("baseline"), h, w, targets, chunk_size=8)
-        assert_close(loss, make_head("baseline")(h, w, targets)[0], 2e-6)
-    finally:
-        monkeypatch.undo()
-        importlib.reload(fused_loss)
-
-
-def test_default_path_per_device_and_loss_chunk_zero_is_plain():
-    cpu = fused_loss.loss_path(None, "cpu")
-    assert cpu.func is fused_loss.chunked_loss
-    assert cpu.keywords["chunk_size"] == fused_loss.DEFAULT_CHUNK["cpu"] > 0
-    assert fused_loss.loss_path(None, "cuda") is None  # unmeasured there: the plain path
-    assert fused_loss.loss_path(0, "cpu") is None and fused_loss.loss_path(0, "cuda") is None
-    assert fused_loss.loss_path(24, "cuda").keywords["chunk_size"] == 24
 
 
 @pytest.mark.parametrize("name", ["soft_cap", "mu_loss"])
 def test_head_loss_path_switches_a_whole_model(name):
-    """Setting head.loss_path routes model(idx, targets) through the chunked path: same loss,
+    """Setting head.chunk_size routes model(idx, targets) through the chunked path: same loss,
     same gradient for every parameter of the model."""
     config = model.config_for("tiny", vocab_size=V, block_size=32)
     torch.manual_seed(0)
@@ -286,7 +177,7 @@ def test_head_loss_path_switches_a_whole_model(name):
     targets = torch.roll(idx, -1, dims=1)
     results = []
     for chunk_size in (0, 24):
-        gpt.head.loss_path = fused_loss.loss_path(chunk_size, "cpu")
+        gpt.head.chunk_size = chunk_size
         gpt.zero_grad(set_to_none=True)
         loss, _ = gpt(idx, targets)
         loss.backward()
@@ -301,7 +192,7 @@ def test_head_loss_path_switches_a_whole_model(name):
 def test_compiled_loss_keeps_its_gradient(name):
     """torch.compile of a head, with W a captured parameter as in a compiled model: the loss
     still has a grad_fn, and its gradient equals eager's. (Guards a torch 2.13 bug: CE + 0 next
-    to CE.detach() came back without a grad; see Head.forward.)"""
+    to CE.detach() came back without a grad.)"""
     head = make_head(name)
     h, w, targets = make_inputs(torch.float32, n_tokens=7)
     h = h.detach()
@@ -320,10 +211,9 @@ def test_a_float32_head_under_bf16_autocast_is_the_float32_head(name, path):
     stay float32, so loss and gradients are the all-float32 head's to float32 rounding, where
     the autocast head is off by bf16's (the control shows the test can tell them apart)."""
     h, w, targets = make_inputs(torch.float32)
-    float32_head = heads.build(name, matmul_dtype=torch.float32, **HPARAMS.get(name, {}))
-    autocast_head = make_head(name)
-    if path == "chunked":
-        float32_head.loss_path = autocast_head.loss_path = fused_loss.loss_path(8, "cpu")
+    chunk_size = 8 if path == "chunked" else 0
+    float32_head = make_head(name, chunk_size, matmul_dtype=torch.float32)
+    autocast_head = make_head(name, chunk_size)
     reference = loss_and_grads(make_head(name), h, w, targets, autocast=False)
     ours = loss_and_grads(float32_head, h, w, targets, autocast=True)
     bf16 = loss_and_grads(autocast_head, h, w, targets, autocast=True)

@@ -1,7 +1,6 @@
-"""measure.py and train.py's measurements: each statistic against a float64 reference written
-out here (the product computes in float32 where that is within the stated tolerance), the
-tokens they count (ignored targets are not counted), their standard errors, the evaluation's
-weighting, and what summary.json says of the time spent measuring."""
+"""The paper's statistics (heads.py) and train.py's measurements: each statistic against a
+float64 reference written out here, the tokens they count (ignored targets are not counted),
+their standard errors, the evaluation's weighting, and the summary's errors and times."""
 import json
 import math
 
@@ -10,9 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import heads
-import measure
 import prepare
-import runs
 import train
 
 LOGIT_REL = 1e-5      # heads.logit_stats against float64 (logit_mean: of max |l|)
@@ -77,8 +74,10 @@ def test_precision_stats_are_within_the_stated_tolerance_of_float64(head, shift,
 # ---- what the matmul's dtype costs (measure.precision_stat_sums) -----------------------------
 
 def precision(weight, h, targets, dtype=torch.bfloat16, head="baseline"):
-    sums = measure.precision_stat_sums(heads.build(head), h, weight, targets, dtype)
-    return dict(zip(heads.PRECISION_STATS, (sums[:3] / sums[3]).tolist()))
+    keep = targets != heads.IGNORE
+    means = heads.precision_stats(heads.build(head), h[keep], weight, targets[keep], dtype)
+    means = means.mean(dim=1)
+    return dict(zip(heads.PRECISION_STATS, means.tolist()))
 
 
 @pytest.fixture
@@ -164,11 +163,11 @@ def tiny_model(*extra):
 def test_logit_statistics_match_a_float64_reference():
     model, args = tiny_model("--head", "soft_cap", "--cap", "2")
     x, y = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
-    sums = train.head_stat_sums(model, x, y, args, FLOAT32)
+    sums = train.stat_sums(model, x, y, args, FLOAT32)
     stats = train.head_stats(sums, model)
     with torch.no_grad():
         l = model(x).double().flatten(0, 1)                 # soft-capped logits, (48, 96)
-    assert (sums.logit_n.item(), sums.precision_n.item()) == (48, 12)  # precision: every 4th
+    assert (sums[8].item(), sums[15].item()) == (48, 12)  # the counts; precision: every 4th
     assert stats["logit_mean"] == pytest.approx(l.mean(1).mean().item(), abs=1e-6)
     assert stats["logit_std"] == pytest.approx(l.std(1, correction=0).mean().item(), rel=1e-5)
     assert stats["logit_absmax"] == pytest.approx(l.abs().amax(1).mean().item(), rel=1e-6)
@@ -185,7 +184,7 @@ def test_statistics_count_only_the_tokens_whose_target_is_not_ignored():
         model.output_weight.add_(torch.randn(64, generator=torch.Generator().manual_seed(1)))
     x, y = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
     y[:, ::2] = heads.IGNORE
-    stats = train.head_stats(train.head_stat_sums(model, x, y, args, FLOAT32), model)
+    stats = train.head_stats(train.stat_sums(model, x, y, args, FLOAT32), model)
     keep = y.flatten() != heads.IGNORE
     with torch.no_grad():
         l = model(x).double().flatten(0, 1)[keep]
@@ -199,7 +198,7 @@ def test_statistics_count_only_the_tokens_whose_target_is_not_ignored():
 def test_standard_errors_are_the_spread_over_tokens_over_root_n():
     model, args = tiny_model()
     x, y = torch.randint(0, 96, (4, 16)), torch.randint(0, 96, (4, 16))
-    stats = train.head_stats(train.head_stat_sums(model, x, y, args, FLOAT32), model,
+    stats = train.head_stats(train.stat_sums(model, x, y, args, FLOAT32), model,
                              with_se=True)
     with torch.no_grad():
         per_token = heads.logit_stats(model(x).flatten(0, 1))     # 64 tokens
@@ -209,7 +208,7 @@ def test_standard_errors_are_the_spread_over_tokens_over_root_n():
     assert stats["prec_err_round_se"] > 0 and stats["prec_err_cast_se"] == 0  # float32: exact
 
 
-def test_the_validation_loss_weights_each_batch_by_its_kept_tokens(monkeypatch):
+def test_the_validation_loss_weights_each_batch_by_its_kept_tokens():
     """Issue 26: each batch's mean CE was weighted by y.numel(), ignored targets included."""
     model, args = tiny_model()
     g = torch.Generator().manual_seed(0)
@@ -221,14 +220,12 @@ def test_the_validation_loss_weights_each_batch_by_its_kept_tokens(monkeypatch):
         logits = torch.cat([model(x) for x, _ in batches]).flatten(0, 1)
     want = F.cross_entropy(logits.double(), torch.cat([y for _, y in batches]).flatten(),
                            ignore_index=heads.IGNORE).item()
-    monkeypatch.setattr(train, "val_batches", lambda *a: iter(batches))
-    ctx = runs.Dist(0, 0, 1, CPU)
-    assert train.evaluate(model, args, ctx, FLOAT32) == pytest.approx(want, rel=1e-5)
+    assert train.evaluate(model, batches, FLOAT32) == pytest.approx(want, rel=1e-5)
 
 
 def test_the_summary_says_how_long_measuring_took_and_each_statistics_error(tmp_path):
     data = tmp_path / "markov"
-    prepare.prepare_synthetic("markov", vocab=64, n_tokens=20_000, out_dir=data, seq_len=32)
+    prepare.prepare_synthetic(vocab=64, n_tokens=20_000, out_dir=data)
     out = tmp_path / "run"
     train.main(["--size", "tiny", "--device", "cpu", "--vocab_size", "64", "--data", str(data),
                 "--out_dir", str(out), "--steps", "4", "--warmup", "1", "--seq_len", "32",
