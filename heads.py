@@ -12,8 +12,8 @@ copier meets:
 - Pass the rows the softmax should cover. This project, like the paper's code, passes all
   50,304 (GPT-2's 50,257 padded). A model that keeps its padding out of the softmax passes
   weight[:vocab_size]; else the loss and μ-centering count the padded rows too.
-- A bf16 h with a float32 weight and no autocast: build(name, matmul_dtype=torch.bfloat16)
-  (or torch.float32) runs the matmul in that dtype.
+- A bf16 h with a float32 weight and no autocast fails in F.linear; build(name,
+  matmul_dtype=torch.bfloat16) (or torch.float32) runs the matmul in that dtype.
 - A per-token loss (for evaluation): F.cross_entropy(head.logits(h, weight).flatten(0, -2),
   targets.flatten(), ignore_index=IGNORE, reduction="none").
 - soft_cap defaults to the paper's c = 30 (Gemma 2's); nanochat caps at 15:
@@ -29,7 +29,12 @@ Lemma 1 (mean logit = μ·h).  l̄ = (1/V) Σᵢ eᵢ·h = ((1/V) Σᵢ eᵢ)·h
 Lemma 2 (logit range).  |lⱼ| = |eⱼ·h| ≤ ‖eⱼ‖·‖h‖ ≤ maxᵢ‖eᵢ‖·‖h‖   (Cauchy–Schwarz)
 So a common shift μ of all rows moves every logit of a token by μ·h: the motivation for centering.
 
-Variants (`HEADS`): a class each, below, with its loss, hyperparameters and their defaults.
+Variants (`HEADS`), a class each below with its hyperparameters and their defaults:
+    baseline   loss = CE
+    soft_cap   lᵢ ← c·tanh(lᵢ/c) inside the model (logits() is capped too), loss = CE
+    z_loss     loss = CE + λ·mean over tokens of log²Z
+    mu_loss    loss = CE + λ·μ·μ
+    mu_center  loss = CE; after each optimizer step eᵢ ← eᵢ − μ
 
 Numerics: the matmul runs in autocast's dtype (or the inputs'), or in `matmul_dtype` where set;
 softmax, log Z, CE and the regularisers in float32 (float64 stays float64). CE is the mean over
@@ -65,9 +70,6 @@ class Head(nn.Module):
         self.cap, self.lam = cap, lam
         self.matmul_dtype = matmul_dtype  # None: autocast's (or the inputs') dtype
         self.chunk_size = chunk_size      # 0: the plain path; C: the chunked one, C tokens a chunk
-
-    def extra_repr(self):
-        return ", ".join(f"{k}={getattr(self, k)}" for k in (*self.hparams, "chunk_size"))
 
     def cap_logits(self, logits):
         return logits
@@ -121,12 +123,8 @@ class Head(nn.Module):
 def chunked_loss(head, h, weight, targets):
     """head.plain_loss, head.chunk_size tokens at a time: the same loss and gradients."""
     device = h.device.type
-    if head.matmul_dtype is not None:
-        matmul_dtype = head.matmul_dtype
-    elif torch.is_autocast_enabled(device):
-        matmul_dtype = torch.get_autocast_dtype(device)
-    else:
-        matmul_dtype = torch.promote_types(h.dtype, weight.dtype)
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    matmul_dtype = head.matmul_dtype or autocast or torch.promote_types(h.dtype, weight.dtype)
     # Asked here: inside Function.forward grad mode is off.
     want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     with torch.autocast(device, enabled=False):
@@ -240,10 +238,11 @@ class ZLoss(Head):
     """z-loss (PaLM, Eq. 4–5): loss = CE + λ·mean over kept tokens of log²Z, Z = Σⱼ exp(lⱼ).
 
     It pulls log Z towards 0 (Z towards 1). Symmetry, L_z(l) = L_z(−l), needs log Z(l) =
-    ±log Z(−l): − is impossible for V ≥ 2 (Z(l)·Z(−l) = Σⱼ Σₖ exp(lⱼ − lₖ) ≥ V, its diagonal
-    alone), + means Σⱼ sinh(lⱼ) = 0, false in general (Eq. 17–18). With S = Σ_{j≠i} exp(lⱼ)
-    fixed, log²(exp(lᵢ) + S) grows like lᵢ² as lᵢ → +∞ but tends to log²S as lᵢ → −∞: a positive
-    divergence is penalised, a negative one only once every logit diverges (App. D).
+    ±log Z(−l). − needs Z(l)·Z(−l) = Σⱼ Σₖ exp(lⱼ − lₖ) = 1, impossible for V ≥ 2 (its V
+    diagonal terms are 1 each); + means Σⱼ sinh(lⱼ) = 0, false in general (Eq. 17–18). With
+    S = Σ_{j≠i} exp(lⱼ) fixed, log²(exp(lᵢ) + S) grows like lᵢ² as lᵢ → +∞ but tends to log²S
+    as lᵢ → −∞: a positive divergence is penalised, a negative one only once every logit
+    diverges (App. D).
     """
     name, hparams = "z_loss", {"lam": 1e-4}  # λ of Eq. 5
 
@@ -257,8 +256,8 @@ class MuLoss(Head):
     ∂μ/∂eᵢ = (1/V)·I, so ∂(λ μ·μ)/∂eᵢ = 2λμ/V: the same vector for every row. Under SGD a step
     moves all rows by −η·2λμ/V: μ ← μ(1 − 2ηλ/V), the centred rows eᵢ − μ stay (an approximate
     μ-centering). Under Adam the pull is not uniform: each element's step is divided by the root
-    of its own second moment, set mostly by CE's gradient, which differs per row; rows with
-    little gradient history (rare tokens) move most. Quadratic in μ: symmetric (Table 1).
+    of its own second moment, set mostly by CE's gradient, so rows with little gradient history
+    (rare tokens) move most. Quadratic in μ: symmetric (Table 1).
     """
     name, hparams = "mu_loss", {"lam": 1e-4}  # λ of Eq. 16
 
@@ -274,9 +273,10 @@ class MuCenter(Head):
     (ii) std unchanged:  l*ᵢ = eᵢ·h − μ·h = lᵢ − l̄ (Lemma 1): every logit of a token moves by
          the same l̄, and σ² = (1/V) Σᵢ (lᵢ − l̄)² is shift-invariant.
     (iii) softmax and loss unchanged:  exp(lᵢ − l̄) / Σⱼ exp(lⱼ − l̄) = pᵢ.  ∎
-    Untied, (iii) makes centering a no-op for the predictions in exact arithmetic: gradients and
-    AdamW's update ignore a common shift of the rows, so the run follows the baseline's, every
-    row moved by one vector. What changes is μ and each token's offset l̄ = μ·h (both now 0),
+    Untied, (iii) makes centering a no-op for the predictions in exact arithmetic: the gradients
+    ignore a common shift of the rows, and so do clipping and AdamW's update (decoupled weight
+    decay turns a shift into a shift), so the run follows the baseline's, every row moved by one
+    vector. What changes is μ and each token's offset l̄ = μ·h (both now 0),
     which cost precision in bf16 (precision_stats). Tied, subtracting μ also shifts every input
     embedding: it changes the model's function.
     """
@@ -356,7 +356,6 @@ def mean_state_alignment(h_mean, weight):
 
 _REGISTRY = {cls.name: cls for cls in (Head, SoftCap, ZLoss, MuLoss, MuCenter)}
 HEADS = tuple(_REGISTRY)
-DEFAULTS = {k: v for cls in _REGISTRY.values() for k, v in cls.hparams.items()}  # cap, lam
 
 
 def build(name, matmul_dtype=None, chunk_size=0, **hparams):

@@ -185,14 +185,16 @@ class GPT(nn.Module):
 # Runs of train.py: a model from a run's settings, and its checkpoints
 
 def from_config(config: dict) -> GPT:
-    """The untrained GPT of a run's settings (train.py's options as a dict; seed torch first).
+    """The untrained GPT of a run's settings (train.py's options as a dict; seed torch first),
+    its head's loss path the run's (--loss_chunk).
     block_size is max(2048, seq_len): the RoPE tables are not in the state_dict."""
     gpt_config = config_for(config["size"], vocab_size=config.get("vocab_size", 50304),
                             tie=config.get("tie", False),
                             block_size=max(2048, config.get("seq_len") or 0))
     float32_head = torch.float32 if config.get("head_dtype") == "float32" else None
     head = heads.build(config.get("head", "baseline"), lam=config.get("lam"),
-                       cap=config.get("cap"), matmul_dtype=float32_head)
+                       cap=config.get("cap"), matmul_dtype=float32_head,
+                       chunk_size=config.get("loss_chunk") or 0)
     return GPT(gpt_config, head)
 
 

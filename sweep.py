@@ -56,7 +56,6 @@ GRIDS = {  # custom: the command line gives the sizes, learning rates and heads
 }
 OPTIONAL = ("lam", "cap", "dtype", "seed")  # in a run's name and options where given
 TRAIN_PY = Path(__file__).resolve().with_name("train.py")
-# train.py's options that the sweep sets per run: passing one is an error
 GRID_OPTIONS = ("size", "head", "lr", "tie", "lam", "cap", "dtype", "seed", "out_dir", "resume")
 
 
@@ -77,9 +76,8 @@ def run_args(run):  # train.py's options for the run
 
 
 def expand_grid(grid, **given):
-    """Every run of a grid as {name: settings} (None: train.py's default), an axis given on the
-    command line replacing the grid's own: paper 7 η × 5 sizes × 2 ties × 5 heads = 350 runs,
-    lambda 7 × 5 × 4 λ × 2 heads = 280, proxy 5 η × 2 dtypes × (5 untied + 2 tied heads) = 70."""
+    """Every run of a grid as {name: settings}, an axis given replacing the grid's: paper 7 η × 5
+    sizes × 2 ties × 5 heads = 350, lambda 7 × 5 × 4 λ × 2 = 280, proxy 5 η × 2 dtypes × 7 = 70."""
     axes = {**DEFAULT_AXES, **GRIDS[grid], **{k: tuple(v) for k, v in given.items() if v}}
     if missing := [f"--{axis}" for axis in ("sizes", "lrs", "heads") if axis not in axes]:
         raise ValueError(f"--grid {grid} needs {', '.join(missing)}: the runs' sizes, η and heads")
@@ -106,43 +104,35 @@ def train_command(name, run, out, extra_args, nproc_per_node):
 
 
 def launch_local(commands, out, slots):
-    """Run {name: command}, len(slots) at once, each printing into OUT/logs/NAME.log; returns the
-    names of those that failed. Ctrl-C stops the runs in flight."""
+    """Run {name: command}, len(slots) at once, logs in OUT/logs; returns the names that failed."""
     pending, running, failed, free = list(commands), {}, [], list(slots)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    try:
-        while pending or running:
-            while pending and free:
-                name, slot = pending.pop(0), free.pop(0)
-                env = dict(os.environ)
-                if slot:
-                    env["CUDA_VISIBLE_DEVICES"] = slot
-                elif len(slots) > 1:  # CPU runs side by side: an equal share of the cores each
-                    env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
-                resume = " (resume)" if "--resume" in commands[name] else ""
-                print(f"sweep: start {name}{resume}{f' on GPU {slot}' if slot else ''}", flush=True)
-                with open(out / "logs" / f"{name}.log", "a") as log:  # the run has its own copy
-                    proc = subprocess.Popen(commands[name], env=env, stdout=log, stderr=log)
-                running[proc] = (name, slot)
-            time.sleep(0.2)
-            for proc in [p for p in running if p.poll() is not None]:
-                name, slot = running.pop(proc)
-                free.append(slot)
-                ok = proc.returncode == 0 and (out / name / "summary.json").exists()
-                failed += [] if ok else [name]
-                print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {name} ("
-                      f"{len(commands) - len(pending) - len(running)}/{len(commands)})", flush=True)
-    except BaseException:
-        for proc in running:
-            proc.terminate()
-            proc.wait()
-        raise
+    while pending or running:
+        while pending and free:
+            name, slot = pending.pop(0), free.pop(0)
+            env = dict(os.environ)
+            if slot:
+                env["CUDA_VISIBLE_DEVICES"] = slot
+            elif len(slots) > 1:  # CPU runs side by side: an equal share of the cores each
+                env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() // len(slots))))
+            resume = " (resume)" if "--resume" in commands[name] else ""
+            print(f"sweep: start {name}{resume}{f' on GPU {slot}' if slot else ''}", flush=True)
+            with open(out / "logs" / f"{name}.log", "a") as log:  # the run has its own copy
+                proc = subprocess.Popen(commands[name], env=env, stdout=log, stderr=log)
+            running[proc] = (name, slot)
+        time.sleep(0.2)
+        for proc in [p for p in running if p.poll() is not None]:
+            name, slot = running.pop(proc)
+            free.append(slot)
+            ok = proc.returncode == 0 and (out / name / "summary.json").exists()
+            failed += [] if ok else [name]
+            print(f"sweep: {'done' if ok else f'FAILED (exit {proc.returncode})'} {name} ("
+                  f"{len(commands) - len(pending) - len(running)}/{len(commands)})", flush=True)
     return failed
 
 
 SBATCH = """#!/bin/bash
-# Written by sweep.py: task i runs line i (from 0) of the run list, "RUN_DIR TRAIN_ARGS...", on
-# one node, with the Python that ran sweep.py.
+# Written by sweep.py: task i runs line i (from 0) of the run list, "RUN_DIR TRAIN_ARGS...".
 #SBATCH --job-name=oec-sweep
 #SBATCH --array=0-{last}
 #SBATCH --nodes=1
@@ -176,23 +166,40 @@ def write_slurm(runs, args, extra_args):  # new files each time: a queued job's 
 def submit(script):  # sbatch's job id; a job it refuses ends in one sentence with its reason
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     if done.returncode:
-        reason = "; ".join(line.removeprefix("sbatch: ").removeprefix("error: ")
-                           for line in done.stderr.splitlines() if line.strip())
+        reason = "; ".join(done.stderr.replace("sbatch: error: ", "").strip().splitlines())
         raise ValueError(f"sbatch refused the job ({reason}), so nothing was submitted; change "
                          f"--sbatch to what the cluster offers (sinfo lists its partitions)")
     return done.stdout.split(";")[0].strip()  # --parsable prints JOBID[;CLUSTER]
 
 
+def check_finished(runs, out, train_args):
+    """Refuse a finished run whose config.json holds another value of an option passed to it."""
+    for name in [name for name in runs if (out / name / "summary.json").exists()]:
+        config = json.loads((out / name / "config.json").read_text())
+        config["data"] = config.get("text") or config.get("data")  # text files: as --data got them
+        args = [*run_args(runs[name]), *train_args, "--"]
+        starts = [i for i, arg in enumerate(args) if arg.startswith("--")]
+        for key, asked in {args[i][2:]: args[i + 1:j] for i, j in zip(starts, starts[1:])}.items():
+            had = config.get(key, asked)  # a list: --data's text files; True: a flag
+            had = [] if had is True else had if isinstance(had, list) else [had]
+            if len(had) != len(asked) or any(h is None or type(h)(a) != h
+                                             for a, h in zip(asked, had)):
+                raise ValueError(f"{out / name} holds a run of --{key} {config[key]}, not "
+                                 f"{' '.join(asked) or True}; give another --out or move it away")
+
+
 def cmd_run(args, extra_args):
-    passed = [arg[2:].partition("=")[0] for arg in extra_args if arg.startswith("--")]
-    if clash := [name for name in passed if name in GRID_OPTIONS]:
-        raise ValueError(f"--{clash[0]} is set per run by the sweep; give the grid's axes instead "
+    extra_args = [part for arg in extra_args  # --key=value as --key value
+                  for part in (arg.split("=", 1) if arg.startswith("--") else [arg])]
+    if clash := [arg for arg in extra_args if arg[:2] == "--" and arg[2:] in GRID_OPTIONS]:
+        raise ValueError(f"{clash[0]} is set per run by the sweep; give the grid's axes instead "
                          f"(--sizes, --heads, --lrs, --tie, --lams, --caps, --dtypes, --seeds)")
     given = {axis: getattr(args, axis) for axis in ("sizes", "lrs", "heads", "lams", "caps")}
     runs = expand_grid(args.grid, ties=[tie == "true" for tie in args.ties or ()],
                        dtypes=args.dtypes, seeds=args.seeds, **given)
     extra_args = [*GRIDS[args.grid].get("train_args", ()), *extra_args]  # the user's come last
     out, n = Path(args.out), args.nproc_per_node
+    check_finished(runs, out, extra_args)
     gpus = args.gpus.split(",") if args.gpus else []  # a slot: CUDA_VISIBLE_DEVICES, or the CPU
     slots = [",".join(gpus[i:i + n]) for i in range(0, len(gpus), n)] or [None] * args.jobs
     todo = {name: run for name, run in runs.items() if not (out / name / "summary.json").exists()}
@@ -209,11 +216,7 @@ def cmd_run(args, extra_args):
             print(f"sweep: submitted job {submit(script)}; its tasks write to "
                   f"{script.parent / 'logs'}; run the same command again to resume runs cut short")
     else:
-        try:
-            failed = launch_local(commands, out, slots)
-        except KeyboardInterrupt:
-            print("sweep: interrupted; run the same command again to resume", flush=True)
-            return 130
+        failed = launch_local(commands, out, slots)
         if failed:
             print(f"sweep: {len(failed)} runs failed ({', '.join(failed)}; logs in {out / 'logs'})"
                   f"; run the same command again to retry them", flush=True)
@@ -240,8 +243,7 @@ HEAD_COLORS = dict(zip(HEADS, ("tab:gray", "tab:orange", "tab:red", "tab:blue", 
 
 def read_results(path):
     """A results CSV's rows, typed, with L₀; a size names the dtype and seed where runs differ."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = list(csv.DictReader(Path(path).read_text().splitlines()))
     dtypes = {row.get("dtype") or "" for row in rows}
     first_seed = min((int(row["seed"]) for row in rows if row.get("seed")), default=None)
     for row in rows:
@@ -274,7 +276,6 @@ def reduce_runs(rows, mean="published"):
         runs.sort(key=lambda row: row["lr"])
         if len({r["lr"] for r in runs}) < len(runs):  # two sweeps collected together
             raise ValueError(f"two {size} {head} runs at one η (λ={lam}, c={cap}); keep one")
-        # min(L(η), L₀), a diverged run counting as L₀ (its loss is empty or NaN)
         losses = [r["l0"] if r["diverged"] or not r["test_loss"] < r["l0"] else r["test_loss"]
                   for r in runs]
         times = [r["train_time_s"] for r in runs if not r["diverged"]]
@@ -365,8 +366,7 @@ def csv_text(header, rows):  # our values hold no commas: None empty, true/false
 
 # ---- Figures 2 and 8 (loss and LRS vs η), 3 (logit statistics vs η), 4 (λ), curves ----------
 def style(cell, variants):
-    """A variant's line: each thinner than the one before, with a hollow marker of its own, so a
-    line under another still shows; the paper's runs (--reference) dashed."""
+    """A variant's line: thinner than the one before, hollow markers; the paper's runs dashed."""
     k, paper = variants.index(cell["variant"]), cell.get("paper", False)
     wide = (len(variants) - 1 - k) / max(len(variants) - 1, 1)
     return dict(lw=1 + 2 * wide, ms=4 + 4 * wide, marker="osD^vPX"[k % 7], mfc="none",
@@ -381,10 +381,9 @@ def draw_lines(ax, cells, column, y, color_of, label_of):
         ax.plot(c["etas"], y(c), color=color_of(c), **style(c, variants),
                 label=label_of(c) + " (paper)" * c.get("paper", False))
     etas = sorted({lr for c in here for lr in c["etas"]})
-    ax.set_xscale("log")
+    ax.set(xscale="log", xlabel="learning rate η")
     ax.set_xticks(etas, [f"{lr:g}" for lr in etas], rotation=45, fontsize=8)
     ax.xaxis.set_minor_locator(ticker.NullLocator())  # no crowded minor labels
-    ax.set_xlabel("learning rate η")
 
 
 def finish(fig, title):  # one legend, below the panels; grids; empty panels hidden
@@ -417,8 +416,7 @@ def figures(cells):
 
 
 def loss_and_lrs_figure(cells, color_of, label_of, title):
-    """Top: min(L(η), L₀) vs η per size (or setting), zoomed to 30% above the best loss. Below (one
-    panel: beside): LRS against model size as in the paper, else a point per variant and setting."""
+    """Top: min(L(η), L₀) vs η per size, zoomed to 30% above the best loss; below: LRS per size."""
     columns = sorted({c["size"] for c in cells}, key=size_order)
     by_size = len(columns) > 1 and not any(" " in column for column in columns)
     fig = Figure(figsize=(3.2 * max(len(columns), 2) + 1, 4.2 if len(columns) == 1 else 7.4),
@@ -456,8 +454,7 @@ def loss_and_lrs_figure(cells, color_of, label_of, title):
 
 
 def metrics_figure(cells, title):
-    """Fig. 3: a row per metric vs η (the rounding ones where logged), a column per size as in
-    Fig. 2 (one column: a grid); a metric's panels share a y scale, symlog past 50."""
+    """Fig. 3: a row per metric vs η, a column per size (one: a grid), symlog past 50."""
     columns = sorted({c["size"] for c in cells}, key=size_order)
     metrics = [m for m in METRICS if any(math.isfinite(r[m[0]]) for c in cells for r in c["rows"])]
     one = len(columns) == 1  # then a grid, not a column of panels
@@ -481,8 +478,7 @@ CURVES = (("loss", "training loss", "nats"), ("val_loss", "validation loss", "na
 
 
 def curves_figure(logs, heads):
-    """CURVES vs step ({run folder: log records}, {run folder: head}): a line per run, named by
-    its folder, a colour per head and a line style per run of that head."""
+    """CURVES vs step of {run folder: log records}: a colour per head, a line style per run."""
     curves = [curve for curve in CURVES
               if any(r.get(curve[0]) is not None for records in logs.values() for r in records)]
     fig = Figure(figsize=(4 * math.ceil(len(curves) / 2), 8), layout="constrained")

@@ -53,27 +53,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--warmup", type=int, help="warmup steps (default: 5%% of --steps)")
     a("--min_lr", type=float, default=1e-5, help="end of the cosine decay; default 1e-5")
     a("--batch_size", type=int, default=64, help="sequences per step, all processes; default 64")
-    a("--micro_batch", type=int, help="sequences per forward pass and process (default: ≤ 16)")
+    a("--micro_batch", type=int, help="sequences per forward pass and process (default: the "
+      "largest divisor ≤ 16 of a process's share of --batch_size)")
     a("--seq_len", type=int, default=2048, help="tokens per sequence; default 2048")
     a = p.add_argument_group("data and run folder").add_argument
     a("--data", nargs="+", default=[prepare.DEFAULT_DATA], help="a folder of shards, or text "
       "files; default: FineWeb100B, downloaded as far as the run reads it")
-    a("--data_order", default="sequential", choices=data.ORDERS, help="default sequential")
+    a("--data_order", default="sequential", choices=data.ORDERS,
+      help="sequential (default): the shards in order; random: windows drawn by --seed")
     a("--out_dir", default="out", help="run folder; default out")
     a("--resume", action="store_true", help="continue the run in --out_dir from its ckpt.pt")
-    a("--save_every", type=int, help="steps between checkpoints (default: 1000, or --steps/10)")
+    a("--save_every", type=int, help="steps between checkpoints (default: 1000, or a tenth of "
+      "--steps if less)")
     a("--keep_every", type=int, default=0, help="also keep ckpt_step*.pt every this many steps")
     a("--stop_at", type=int, default=0, help="end after this step as if killed (for tests)")
     a = p.add_argument_group("measurement").add_argument
     a("--log_every", type=int, default=10, help="steps between log lines; default 10")
     a("--eval_every", type=int, default=5000, help="steps between val losses; default 5000")
-    a("--eval_tokens", type=int, help=f"val tokens per evaluation (default: ≤ {EVAL_TOKENS:,})")
-    a("--stat_tokens", type=int, help="val tokens of the final statistics (default: ≤ 2¹⁹)")
+    a("--eval_tokens", type=int, help=f"val tokens per evaluation (default: {EVAL_TOKENS:,}, "
+      "or the val split or a twentieth of the tokens trained on, if less)")
+    a("--stat_tokens", type=int, help=f"val tokens of the final statistics (default: "
+      f"{STAT_TOKENS:,}, or less as --eval_tokens)")
     a = p.add_argument_group("device").add_argument
     a("--device", default="auto", help="auto (cuda if there is one), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
       help="autocast dtype of the matmuls (auto: bfloat16 on CUDA, float32 on a CPU)")
-    a("--head_dtype", default="auto", choices=("auto", "float32"), help="the LM head's matmul")
+    a("--head_dtype", default="auto", choices=("auto", "float32"),
+      help="the LM head's matmul dtype (auto: as --dtype)")
     a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile (default: on CUDA)")
     a("--tf32", action="store_true", help="TensorFloat-32 matmuls where float32 is asked (CUDA)")
     a("--loss_chunk", type=int, help=f"tokens a chunk of the head's loss; 0: all (default: "
@@ -114,9 +120,7 @@ GRAD_CLIP = 1.0  # the global gradient norm ‖g‖₂ is clipped to this
 def build_model(args) -> GPT:
     """The GPT of --size with the head of --head; --seed fixes the initial weights."""
     torch.manual_seed(args.seed)
-    model = from_config(vars(args))
-    model.head.chunk_size = args.loss_chunk
-    return model
+    return from_config(vars(args))
 
 
 def make_optimizer(model: GPT, args) -> torch.optim.AdamW:
@@ -158,7 +162,7 @@ class StepResult:
     last_y: torch.Tensor
 
 
-def train_step(model, optimizer, next_batch, lr: float, grad_accum: int, amp) -> StepResult:
+def train_step(model, optimizer, get_batch, lr: float, grad_accum: int, amp) -> StepResult:
     """grad_accum micro-batches, each backpropagated as objective / grad_accum (the gradient of
     the mean over the global batch); then clip, AdamW and head.after_step(W). DDP all-reduces
     in the last backward pass only. Nothing here waits for the device."""
@@ -168,7 +172,7 @@ def train_step(model, optimizer, next_batch, lr: float, grad_accum: int, amp) ->
         group["lr"] = lr
     sums = torch.zeros(2, device=gpt.output_weight.device)  # Σ CE, Σ objective
     for micro in range(grad_accum):
-        x, y = next_batch()
+        x, y = get_batch()
         if isinstance(model, DDP):
             model.require_backward_grad_sync = micro == grad_accum - 1
         with amp:
@@ -433,7 +437,7 @@ def training_loop(model: GPT, optimizer, loader, progress: dict, config: dict, a
     """Steps until --steps (or --stop_at), logging, evaluating and saving on the way; then the
     summary. A loss that turns non-finite ends the run, diverged (summary.json says so)."""
     out = Path(args.out_dir)
-    grad_accum = args.batch_size // (args.micro_batch * WORLD_SIZE)  # whole: parse_args
+    grad_accum = args.batch_size // (args.micro_batch * WORLD_SIZE)  # parse_args made it whole
     amp = autocast(device, args.dtype)
     compiled = torch.compile(model) if args.compile else model
     wrapped = DDP(compiled) if WORLD_SIZE > 1 else compiled
@@ -452,7 +456,7 @@ def training_loop(model: GPT, optimizer, loader, progress: dict, config: dict, a
             save_checkpoint(out, "ckpt_step0000000.pt", model, None, None, config, {"step": 0})
     peak, flops_per_token = peak_flops(device, args.dtype), model.flops_per_token(args.seq_len)
 
-    def next_batch():  # the loader's next (x, y) on the device, its ids checked on the CPU
+    def get_batch():  # the loader's next (x, y) on the device, its ids checked on the CPU
         x, y = loader.next_batch()
         check_ids(int(max(x.max(), y.max())), args)
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -461,7 +465,7 @@ def training_loop(model: GPT, optimizer, loader, progress: dict, config: dict, a
     time_before, window = progress["train_time_s"], (time.perf_counter(), progress["step"])
     while progress["step"] < args.steps:
         step = progress["step"] = progress["step"] + 1
-        result = train_step(wrapped, optimizer, next_batch, lr_at(step - 1, args), grad_accum,
+        result = train_step(wrapped, optimizer, get_batch, lr_at(step - 1, args), grad_accum,
                             amp)
         first_bad = torch.where((first_bad == 0) & ~result.objective.isfinite(), step, first_bad)
         is_eval = step == args.steps or (args.eval_every and step % args.eval_every == 0)

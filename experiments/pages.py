@@ -247,7 +247,7 @@ def cpu_kernels(path: Path) -> str:  # a cpu.json in a table cell: the bf16 kern
 
 def proxy(results: Path) -> dict:
     """results.csv by run name (run), table.csv by tie, size and head (t), offsets_bf16.json;
-    above: by untied bf16 head|seed and η, min(L, L₀) − the best loss at each η (table (iv))."""
+    above: by untied bf16 head|seed and η, min(L, L₀) − that run group's best loss."""
     rows = read_csv(results / "results.csv")
     t = {f"{r['tie']}|{r['size']}|{r['head']}": r for r in read_csv(results / "table.csv")}
     shifts = json.loads((results / "offsets_bf16.json").read_text())["offsets"]

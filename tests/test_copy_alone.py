@@ -48,6 +48,22 @@ first = next(iter(data.val_batches(".", 64, 4, 16)))[0]
 assert torch.equal(first.flatten(), torch.from_numpy(tokens[2700:2764].astype(np.int64)))
 print("ok")
 """
+COPIER = """
+import torch, torch.nn.functional as F
+import heads
+h = torch.randn(2, 6, 8).bfloat16()
+w, t = torch.randn(11, 8), torch.randint(0, 11, (2, 6))
+try:
+    heads.build("baseline")(h, w, t)
+except RuntimeError:
+    print("mixed dtypes refused")
+loss, stats = heads.build("baseline", matmul_dtype=torch.bfloat16)(h, w, t)
+head = heads.build("soft_cap", cap=15)
+per_token = F.cross_entropy(head.logits(h.float(), w).flatten(0, -2), t.flatten(),
+                            ignore_index=heads.IGNORE, reduction="none")
+assert torch.allclose(per_token.mean(), head(h.float(), w, t)[0]) and per_token.shape == (12,)
+print("ok")
+"""
 ERRORS = """
 import json, os, numpy as np, data
 
@@ -120,6 +136,13 @@ def copy_alone(folder):
 def test_heads_and_data_work_copied_alone(tmp_path):
     done = copy_alone(tmp_path)("-c", USE)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_what_the_docstring_tells_a_copier_holds_in_the_copy(tmp_path):
+    """A bf16 h with a float32 weight needs matmul_dtype; the per-token loss recipe."""
+    done = copy_alone(tmp_path)("-c", COPIER)
+    assert done.returncode == 0 and done.stdout.split() == ["mixed", "dtypes", "refused", "ok"], \
+        done.stderr
 
 
 def test_a_nanogpt_folder_of_headerless_bins_trains_in_the_copy(tmp_path):

@@ -1,5 +1,6 @@
 """experiments/: every page is what pages.py writes from the committed results, byte for byte,
 and every command a page shows names a script that is there."""
+import itertools
 import json
 import re
 from pathlib import Path
@@ -74,18 +75,19 @@ def test_pages_refuses_a_page_it_does_not_write():
                                                     "alignment, proxy.\n")
 
 
-def test_the_proxy_page_reads_table_iv_as_the_sweeps_table_prints_it():
-    """pages.proxy's min(L, L₀) − best per η, from results.csv, against sweep.py's table.md."""
+def test_the_proxy_page_reads_min_l_l0_minus_best_from_results_csv():
+    """pages.proxy's min(L, L₀) − best per η against results.csv, read here with csv alone."""
+    import csv
     results = EXPERIMENTS / "proxy" / "results"
     above = pages.proxy(results)["above"]
-    table = (results / "table.md").read_text()
-    for key, size in (("baseline|0", "tiny bfloat16"), ("baseline|1", "tiny bfloat16 seed1"),
-                      ("mu_center|0", "tiny bfloat16"), ("mu_center|1", "tiny bfloat16 seed1")):
-        head = key.split("|")[0]
-        row = next(line for line in table.splitlines()
-                   if line.startswith(f"| {size} | {head} | ") and "(" in line)
-        cells = [cell.split(" (")[0].strip() for cell in row.split("|")[3:-1]]
-        assert cells == [f"{above[key][lr]:.2f}" for lr in ("0.01", "0.03", "0.1", "0.3", "1")]
+    rows = list(csv.DictReader(open(results / "results.csv", newline="")))
+    for head, seed in itertools.product(("baseline", "mu_center"), ("0", "1")):
+        runs = [r for r in rows if (r["head"], r["tie"], r["dtype"], r["seed"])
+                == (head, "false", "bfloat16", seed)]
+        losses = {r["lr"]: min(float(r["test_loss"]), float(r["init_loss"])) for r in runs}
+        assert len(runs) == 5 and set(losses) == {"0.01", "0.03", "0.1", "0.3", "1.0"}
+        assert {f"{float(lr):g}": loss - min(losses.values()) for lr, loss in losses.items()} \
+            == pytest.approx(above[f"{head}|{seed}"], abs=1e-12)
 
 
 def test_write_json_replaces_the_file_whole_and_cpu_record_names_the_kernels(tmp_path):

@@ -101,7 +101,7 @@ def test_precision_stats_match_a_float64_computation_by_hand(head_inputs):
     sigma = exact.std(dim=1, correction=0)
     ce = lambda l: (torch.logsumexp(l, 1) - l.gather(1, t[:, None]).squeeze(1)).mean()
     spread = lambda d: (d.std(1, correction=0) / sigma).mean()
-    # within the stated tolerance: measure.py forms these differences in float32
+    # within the stated tolerance: precision_stats forms these differences in float32
     assert stats["prec_ce_gap"] == pytest.approx((ce(rounded) - ce(exact)).item(),
                                                  rel=PRECISION_REL)
     assert stats["prec_err_cast"] == pytest.approx(spread(cast - exact).item(), rel=PRECISION_REL)

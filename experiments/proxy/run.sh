@@ -30,7 +30,7 @@ python sweep.py curves $(run baseline_lr0.01_tie1_bfloat16_seed0) \
 # the finite-precision channel alone: the trained baseline's rows shifted by one common vector
 python analyze.py logits --run "$(run baseline_lr1_tie0_bfloat16_seed0)" --dtype bfloat16 \
     --tokens 1024 --offsets 0 10 30 100 300 1000 --json "$OUT/offsets_bf16.json"
-# the paper's own runs read the same way: table (iv), loss vs bf16 resolution of the logits
+# the paper's own runs (the authors' run table), tabled the same way
 python sweep.py table tests/data/oec_untied_runs.csv --out "$OUT/paper"
 # last, the page experiments/proxy/README.md from the results
 python experiments/pages.py proxy
