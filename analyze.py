@@ -287,7 +287,8 @@ def run_bottleneck(args) -> dict:
         G = loss_gradients(H @ W.T, targets, gpt.head.cap_logits)
         rows.append(dict(step=step, **bottleneck(G, W, H)))
     trivial = trivially_one(n_tokens, V, D)
-    note = f"; trivially 1 as N ≤ {'2D' if len(trivial) < 3 else 'D'}: {', '.join(trivial)}"
+    bound = '2D' if len(trivial) < 3 else 'D'
+    note = f"; trivially 1 as min(N, V) ≤ {bound}: {', '.join(trivial)}"
     print_table(rows, f"bottleneck: {describe(args, cfg, step)}, N = {n_tokens}, D = {D}, "
                 f"V = {V}{note * bool(trivial)}",
                 ["step", *(key for key in MEANING if key in rows[0])], legend=True)

@@ -27,7 +27,7 @@ import heads
 import train
 from model import SIZES
 
-# CUDA: the paper's micro-batch; a CPU: a step in a fraction of a second
+# CUDA: the paper's micro-batch; a CPU: small, a step in seconds
 SHAPES = {"cuda": dict(micro_batch=16, seq_len=2048, chunk_size=4096),
           "cpu": dict(micro_batch=4, seq_len=256, chunk_size=train.CPU_LOSS_CHUNK)}
 HOOKS = ("cap_logits", "log_z_penalty")  # a head that keeps Head's own has torch's op as anchor

@@ -94,7 +94,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         q = apply_rope(self.q_norm(q), cos, sin)  # (B, heads, T, hd)
         k = apply_rope(self.k_norm(k), cos, sin)
-        # Under autocast LayerNorm returns float32 and v is bf16: attend in v's (the matmul's).
+        # Under CUDA autocast LayerNorm returns float32 and v is bf16: attend in v's dtype.
         y = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
@@ -169,7 +169,8 @@ class GPT(nn.Module):
         return self.head.logits(h, W) if targets is None else self.head(h, W, targets)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters, each once; non_embedding: less the untied input embedding (as labelled)."""
+        """Parameters, each once; non_embedding: less the input embedding where untied (tied, the
+        one matrix counts, as the output embedding)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
         return n - (self.wte.weight.numel() if non_embedding and not self.config.tie else 0)
 

@@ -61,10 +61,8 @@ def text_codec(vocab_size: int):
         import prepare  # tiktoken, with the offline fall-back to the shipped vocabulary
         enc = prepare.gpt2_encoding()
         return (lambda text: [EOT] + enc.encode_ordinary(text)), enc.decode, GPT2_VOCAB
-
-    def encode(text):  # a synthetic vocabulary's prompt: token ids
-        return [int(word) for word in text.split()]
-    return encode, lambda ids: "".join(f" {i}" for i in ids), vocab_size
+    ids = lambda text: [int(word) for word in text.split()]  # a synthetic vocabulary's prompt
+    return ids, lambda ids: "".join(f" {i}" for i in ids), vocab_size
 
 
 def main(argv=None) -> list[str]:

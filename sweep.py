@@ -10,8 +10,9 @@ the loss at initialisation (≈ ln V), a diverged run counting as L₀:
 
     LRS = Σ_η [min(L(η), L₀) − min_η L(η)] / (n_η − 1)
 
-Eq. 22 as printed divides by n_η (--lrs_mean literal); n_η − 1 gives back every printed digit of
-the paper's Tables 2 (ii) and 3 from the authors' runs (tests/data/oec_untied_runs.csv).
+Eq. 22 as printed divides by n_η (--lrs_mean literal). The published tables divide by n_η − 1:
+from the authors' runs (tests/data/oec_untied_runs.csv) it gives back every printed digit of
+Table 3 and of Table 2 (ii) but its soft-cap column (that CSV holds no soft-capped runs).
 """
 import argparse
 import csv
@@ -229,7 +230,7 @@ def cmd_run(args, extra_args):
 RESULT_COLUMNS = tuple("size lr head lam cap tie dtype seed test_loss init_loss diverged mu_norm "
                        "logit_mean logit_std logit_absmax mean_log2Z prec_ce_gap prec_err_cast "
                        "prec_err_round h_mu_proj h_mu_cos steps tokens train_time_s run".split())
-# L₀ where a CSV has no init_loss (the published runs), as their README gives it (≈ ln 50304)
+# L₀ where a CSV has no init_loss (the published runs), as the authors' analysis notebook sets it
 L0_BY_SIZE = {**dict.fromkeys(PAPER_SIZES, 10.83), "221M": 10.85}
 # (column, in words, unit): Fig. 3's in the paper's order, then the head's rounding, if logged
 METRICS = (("logit_mean", "mean logit l̄", "l̄"), ("logit_std", "logit spread σ_l", "σ_l"),
@@ -260,7 +261,7 @@ def read_results(path):
     return rows
 
 
-def lr_sensitivity(losses, mean="published"):  # of the capped losses; one η: NaN
+def lr_sensitivity(losses, mean="published"):  # of the capped losses; one η: NaN (literal: 0)
     divisor = len(losses) - 1 if mean == "published" else len(losses)
     return sum(loss - min(losses) for loss in losses) / divisor if divisor else math.nan
 
@@ -330,7 +331,8 @@ def markdown_report(cells, mean="published"):
     divisor = {"published": "(n_η − 1), the published tables' rule",
                "literal": "n_η, Eq. 22 as written"}[mean]
     parts = [f"# Results\n\nLRS = Σ_η [min(L(η), L₀) − min_η L] / {divisor}; L₀ = the loss at "
-             f"initialisation (10.83, or 10.85 for 221M, where a CSV has none), a diverged run's "
+             f"initialisation ({L0_BY_SIZE['16M']}, or {L0_BY_SIZE['221M']} for 221M, where a "
+             f"CSV has none), a diverged run's "
              f"too. Additional training time = mean train time of the runs that did not diverge "
              f"/ the baseline's − 1. The best loss and LRS of each size in bold."]
 
@@ -416,7 +418,8 @@ def figures(cells):
 
 
 def loss_and_lrs_figure(cells, color_of, label_of, title):
-    """Top: min(L(η), L₀) vs η per size, zoomed to 30% above the best loss; below: LRS per size."""
+    """min(L(η), L₀) vs η per size, zoomed to 30% above the best loss; LRS per size below them
+    (beside it, for one size)."""
     columns = sorted({c["size"] for c in cells}, key=size_order)
     by_size = len(columns) > 1 and not any(" " in column for column in columns)
     fig = Figure(figsize=(3.2 * max(len(columns), 2) + 1, 4.2 if len(columns) == 1 else 7.4),

@@ -1,7 +1,7 @@
 """One training run with the recipe of the paper's App. A, on one process or many (torchrun DDP).
 
-A run folder holds config.json, log.jsonl (a line per log step), ckpt.pt (for --resume) and,
-once the run is done, summary.json.
+A run folder holds config.json, log.jsonl (a line per log step), ckpt.pt (for --resume),
+ckpt_step*.pt (with --keep_every) and, once the run is done, summary.json.
 """
 import argparse
 import contextlib
@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument_group("model").add_argument
     a("--size", default="16M", choices=SIZES, help="model size (model.SIZES); default 16M")
-    a("--head", default="baseline", choices=heads.HEADS, help="LM-head variant (heads.py)")
+    a("--head", default="baseline", choices=heads.HEADS, help="LM head; default baseline")
     a("--tie", action="store_true", help="tie the input and output embeddings")
     a("--lam", type=float, help="λ of z_loss and mu_loss (default: heads.py's, 1e-4)")
     a("--cap", type=float, help="c of soft_cap (default: heads.py's, 30)")
@@ -65,15 +65,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--resume", action="store_true", help="continue the run in --out_dir from its ckpt.pt")
     a("--save_every", type=int, help="steps between checkpoints (default: 1000, or a tenth of "
       "--steps if less)")
-    a("--keep_every", type=int, default=0, help="also keep ckpt_step*.pt every this many steps")
-    a("--stop_at", type=int, default=0, help="end after this step as if killed (for tests)")
+    a("--keep_every", type=int, default=0, help="keep ckpt_step*.pt every so many steps; 0: none")
+    a("--stop_at", type=int, default=0, help="end after this step as if killed (tests); 0: no")
     a = p.add_argument_group("measurement").add_argument
     a("--log_every", type=int, default=10, help="steps between log lines; default 10")
     a("--eval_every", type=int, default=5000, help="steps between val losses; default 5000")
     a("--eval_tokens", type=int, help=f"val tokens per evaluation (default: {EVAL_TOKENS:,}, "
       "or the val split or a twentieth of the tokens trained on, if less)")
     a("--stat_tokens", type=int, help=f"val tokens of the final statistics (default: "
-      f"{STAT_TOKENS:,}, or less as --eval_tokens)")
+      f"{STAT_TOKENS:,}, or less by the rule of --eval_tokens)")
     a = p.add_argument_group("device").add_argument
     a("--device", default="auto", help="auto (cuda if there is one), cpu, cuda, cuda:1, …")
     a("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
@@ -190,7 +190,7 @@ def train_step(model, optimizer, get_batch, lr: float, grad_accum: int, amp) -> 
 
 # ---- The measurements -----------------------------------------------------------------------
 LOG_STAT_TOKENS = 128   # tokens per process of a log step's statistics
-PRECISION_STRIDE = 4    # the precision statistics (float64 matmuls) take every 4th token
+PRECISION_STRIDE = 4    # the precision statistics (costly reference matmuls): every 4th token
 HEAD_STATS = heads.LOGIT_STATS + heads.PRECISION_STATS
 
 

@@ -31,13 +31,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARES = {"a": 0.6, "b": 0.6, "c": 0.3, "d": 0.65, "e": 1.0}  # of the time left
-PROFILES = {  # the CPU rehearsal traces with aot_eager what inductor would compile
+PROFILES = {  # CPU: aot_eager traces what inductor compiles; a long budget, d's runs kept short
     "cuda": dict(budget_s=540, start_s=20, size="16M", size_e="221M", seq_len=2048, micro_batch=16,
                  steps=10, warmup=2, backend="inductor", compile=True, c_sizes=["16M", "221M"],
-                 c_tokens=32768, c_heads=[], chunk_size=4096, lrs=["0.1", "0.3"]),
-    "cpu": dict(budget_s=60, start_s=15, size="tiny", size_e="small", seq_len=32, micro_batch=2,
-                steps=2, warmup=1, backend="aot_eager", compile=False, c_sizes=["tiny"],
-                c_tokens=64, c_heads=["baseline", "soft_cap"], chunk_size=16, lrs=["0.3"])}
+                 c_tokens=32768, c_heads=[], chunk_size=4096, lrs=["0.1", "0.3"], max_steps=None),
+    "cpu": dict(budget_s=240, start_s=15, size="tiny", size_e="small", seq_len=32, micro_batch=2,
+                steps=2, warmup=1, backend="aot_eager", compile=False, max_steps=20, lrs=["0.3"],
+                c_sizes=["tiny"], c_tokens=64, c_heads=["baseline", "soft_cap"], chunk_size=16)}
 PHASES = [  # name, its file, bench.py's options (d: train.py's runs, planned)
     ("a", "a_step.json", lambda p: dict(compile=True, sizes=p["size"],
                                         heads=["baseline", "mu_center"])),
@@ -209,7 +209,8 @@ class Check:
         row = next(iter(rows_of(self.out / "b_heads.json", "train")), GUESS)  # the baseline's
         plan = plan_long(runs, row, cap_s, self.rows[0]["device_bytes"], p["start_s"])
         self.record({"phase": "d_plan", **plan})
-        steps, tokens = plan["steps"], p["micro_batch"] * p["seq_len"]
+        steps = min(plan["steps"], p["max_steps"] or plan["steps"])
+        tokens = p["micro_batch"] * p["seq_len"]
         return [[sys.executable, "train.py", *shape, *flags(
             compile=p["compile"], size=p["size"], head=head, head_dtype=dtype, lr=lr, steps=steps,
             batch_size=p["micro_batch"], data=self.data.resolve(), eval_every=0,

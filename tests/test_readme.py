@@ -164,7 +164,8 @@ def test_the_numbers_the_front_page_quotes_are_the_committed_results():
         "results_*.csv") for r in rows(path) if r["head"] == "baseline"]
     assert len(proj) == 7
     low, high = math.floor(min(proj) * 1e4) / 1e4, math.ceil(max(proj) * 1e4) / 1e4  # outward
-    assert f"h̄·μ̂ ends between {low:.4f} and {high:.4f}".replace("-", "−") in text
+    assert f"h̄·μ̂ (train.py's final statistics) ends between {low:.4f} and {high:.4f}".replace(
+        "-", "−") in text
     frozen = [r for r in rows("experiments/alignment/results/frozen_gain.csv")
               if r["gain"] == "frozen"]
     assert "h̄·μ̂ reached {} and {} (two seeds), yet l̄ ended at only {} and {}, as ‖μ‖ stayed " \

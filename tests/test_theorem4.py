@@ -110,3 +110,13 @@ def test_the_command_writes_the_committed_results_and_the_page_quotes_them(tmp_p
         assert written == (HERE / "results" / name).read_text(), name
         table = "".join(line + "\n" for line in written.splitlines() if line.startswith("|"))
         assert table in page, name
+
+
+def test_for_h_orthogonal_to_mu_centering_changes_no_logit():
+    """l*ᵢ = lᵢ − μ·h (Lemma 1), so h ⊥ μ leaves every logit as it was, in exact fractions."""
+    E = [[Fraction(2), Fraction(-1)], [Fraction(0), Fraction(3)], [Fraction(1), Fraction(1)]]
+    mu = [sum(row[j] for row in E) / len(E) for j in range(2)]
+    h = [-mu[1], mu[0]]  # ⊥ μ
+    for row in E:
+        centred = [row[j] - mu[j] for j in range(2)]
+        assert sum(c * x for c, x in zip(centred, h)) == sum(e * x for e, x in zip(row, h))

@@ -10,8 +10,8 @@
 #   (default: base lr1 small batch16 seq512 long dense)
 # Resumable: run it again after an interruption (sweep.py skips finished runs, resumes others).
 # Each pair writes only its own files, so the pairs can be trained in different sessions.
-# seq512 trains one sequence of 512 a step (512 tokens, the fewest a 512-token sequence allows)
-# so that it varies the context, not the tokens a step, which batch16 varies (16 × 64 = 1,024).
+# seq512 trains one sequence of 512 a step: it varies the context and doubles the tokens a step
+# (512 against 256, the fewest a 512-token sequence allows); batch16 quadruples them (16 × 64).
 # Two runs at once, the cores split between them (sweep.py). Then experiments/alignment/results/
 # gets, for each pair v, results_<v>.csv (sweep.py collect), cpu_<v>.json (the CPU that trained
 # it: bf16 runs differ between CPUs' kernels), curves_<v>.png and its baseline's rarity_<v>.json
