@@ -208,8 +208,8 @@ class Check:
         runs = [(head, dtype, lr) for lr in p["lrs"] for head, dtype in LONG_RUNS]
         row = next(iter(rows_of(self.out / "b_heads.json", "train")), GUESS)  # the baseline's
         plan = plan_long(runs, row, cap_s, self.rows[0]["device_bytes"], p["start_s"])
+        plan["steps"] = steps = min(plan["steps"], p["max_steps"] or plan["steps"])
         self.record({"phase": "d_plan", **plan})
-        steps = min(plan["steps"], p["max_steps"] or plan["steps"])
         tokens = p["micro_batch"] * p["seq_len"]
         return [[sys.executable, "train.py", *shape, *flags(
             compile=p["compile"], size=p["size"], head=head, head_dtype=dtype, lr=lr, steps=steps,
