@@ -183,8 +183,7 @@ def train_step(model, optimizer, get_batch, lr: float, grad_accum: int, amp) -> 
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     gpt.head.after_step(gpt.output_weight)  # μ-centering: eᵢ ← eᵢ − μ, alike on every rank
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    loss, objective = all_reduce_sum(sums) / (grad_accum * world_size)
+    loss, objective = all_reduce_sum(sums) / (grad_accum * WORLD_SIZE)
     return StepResult(loss, objective, grad_norm, x, y)
 
 
@@ -332,11 +331,11 @@ def ready_data(args):
         step = WORLD_SIZE * args.micro_batch * args.seq_len  # val tokens per eval step
         held = step * data.val_steps_held(args.data, args.micro_batch, args.seq_len,
                                           WORLD_SIZE)
-        first_shards = [loader.paths[0], *data.shard_paths(args.data, "val")]
+        val_shards = data.shard_paths(args.data, "val")
     except (FileNotFoundError, ValueError) as err:
         fail(f"{err}; make a dataset with `python prepare.py text FILES --out DIR` or "
              f"`python prepare.py fineweb --shards 8`")
-    check_ids(max(map(data.max_token, first_shards)), args)  # later shards: batch by batch
+    check_ids(max(map(data.max_token, val_shards)), args)  # the train split: batch by batch
     for name, default in (("eval_tokens", EVAL_TOKENS), ("stat_tokens", STAT_TOKENS)):
         asked = getattr(args, name)
         if asked and asked > held:

@@ -78,9 +78,8 @@ def amp_for(dtype: str):  # float64: a model already in float64, no autocast
 
 def build_condition_model(config: dict, state: dict, condition: Condition, model_dtype):
     model = from_config({**config, "head": condition.head, "head_dtype": condition.head_dtype,
-                         "lam": None, "cap": None})
+                         "lam": None, "cap": None, "loss_chunk": train.CPU_LOSS_CHUNK})
     model.load_state_dict(state)
-    model.head.chunk_size = 64  # the chunked loss, as train.py runs it on a CPU
     return model.to(model_dtype)
 
 
